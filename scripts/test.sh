@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every suite: the plain build, ASan+UBSan, TSan (suites not tagged notsan) and the
+# bounded fuzzers. Counts one result per test target and configuration and ends with the
+# line CI reads: "N passed, N failed". Exits non-zero when anything failed.
+set -uo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+log=$(mktemp -d /tmp/cxrpc-test.XXXX)
+passed=0 failed=0
+
+run() { # run NAME BAZEL-ARGS...
+  local name=$1; shift
+  echo "== $name: bazel test $*"
+  local out="$log/$name.out" rc
+  bazel test --color=no --curses=no --noshow_progress "$@" >"$out" 2>&1; rc=$?
+  local p f
+  p=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$out")
+  f=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE|FAILED TO BUILD)' "$out")
+  grep -E '^//[^ ]+ +' "$out" | sed "s/^/  [$name] /"
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    f=1; echo "  [$name] bazel exited $rc without a failed target: build error"
+    grep -E 'ERROR|error:' "$out" | head -20
+  fi
+  if [ "$f" -ne 0 ]; then
+    # Show why: the logs of failed tests (already printed by --test_output=errors).
+    grep -vE '^(INFO|Loading|Analyzing|[0-9.]+: src/main/tools)' "$out" | tail -60
+  fi
+  passed=$((passed + p)); failed=$((failed + f))
+}
+
+start=$SECONDS
+run plain //...
+run asan --config=asan //...
+run tsan --config=tsan --test_tag_filters=-notsan //...
+if [ -x scripts/fuzz.sh ]; then
+  echo "== fuzz: scripts/fuzz.sh"
+  if bash scripts/fuzz.sh >"$log/fuzz.out" 2>&1; then
+    passed=$((passed + $(grep -c '^fuzz PASSED' "$log/fuzz.out")))
+  fi
+  grep '^fuzz ' "$log/fuzz.out" | sed 's/^/  /'
+  failed=$((failed + $(grep -c '^fuzz FAILED' "$log/fuzz.out")))
+fi
+echo "logs in $log; $((SECONDS - start)) s"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
