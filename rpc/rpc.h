@@ -1,0 +1,123 @@
+/*
+ * cxrpc/rpc.h: channels (server side), connections (client side), calls and futures.
+ *
+ * CONTRACT HEADER: written before the implementation so that rpc/, idl/ (generated stubs),
+ * sandbox/ and rdma/ grow toward one API. The rpc/ implementation may add to it; changes to
+ * what is here must be recorded in this comment and the README.
+ *
+ * A server opens a channel by name; a client connects by name and gets a connection with
+ * its own heap mapped at the same address in both processes. A call passes a pointer to
+ * arguments built in that heap; the handler builds its result in the same heap
+ * (cxr_call_heap) and the client receives the pointer. The client owns the result and frees
+ * it with cxr_heap_free(cxr_conn_heap(c), result).
+ *
+ * Targets: "name" (a channel in this pod's registry, over shared memory) or
+ * "ucx://HOST:PORT/name" (a channel in another rack, over UCX).
+ */
+#ifndef CXRPC_RPC_H
+#define CXRPC_RPC_H
+
+#include <cxrpc/shm.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cxr_channel cxr_channel;
+typedef struct cxr_conn cxr_conn;
+typedef struct cxr_call cxr_call;
+typedef struct cxr_future cxr_future;
+
+/* A byte range [p, p + len). Used for argument/result graphs and allowed ranges. */
+typedef struct cxr_range {
+  const void *p;
+  size_t len;
+} cxr_range;
+
+/* A handler runs on a server worker thread. `args` points into the connection heap (or
+ * at an inline copy); it builds the result in cxr_call_heap(call), stores it in *result
+ * (NULL is a valid result) and returns 0 or a CXR_E* code that the client receives. */
+typedef int (*cxr_handler)(cxr_call *call, const void *args, void **result, void *user);
+
+typedef struct cxr_channel_opts {
+  unsigned mode;             /* file permissions deciding who may connect; default 0600 */
+  size_t conn_heap_size;     /* bytes per connection heap; default 64 MiB */
+  unsigned pool;             /* ready connections kept for fast connect; default 4 */
+  unsigned max_conns;        /* default 64 */
+  unsigned workers;          /* handler threads; default 1 */
+  unsigned ring_slots;       /* descriptors per ring, a power of two; default 256 */
+  int64_t peer_timeout_ns;   /* bound on dead-client detection; default 100 ms */
+  bool untrusted;            /* peers are untrusted: validate, seal-check, sandbox */
+  const char *listen;        /* also accept other racks, e.g. "ucx://0.0.0.0:7400"; NULL: no */
+} cxr_channel_opts;
+
+typedef struct cxr_conn_opts {
+  int64_t default_deadline_ns;  /* for calls whose deadline_ns is 0; default 5 s */
+  int64_t connect_timeout_ns;   /* default 2 s */
+  int64_t peer_timeout_ns;      /* bound on dead-server detection; default 100 ms */
+} cxr_conn_opts;
+
+enum {
+  CXR_CALL_SEAL = 1u << 0,    /* seal the argument pages for the call (cxrpc/sandbox.h) */
+  CXR_CALL_INLINE = 1u << 1,  /* copy arg_len bytes into the descriptor (small args) */
+};
+
+typedef struct cxr_call_opts {
+  int64_t deadline_ns;        /* relative timeout in ns; 0 = the connection's default */
+  unsigned flags;             /* CXR_CALL_* */
+  size_t arg_len;             /* bytes at args: sealed (page-rounded) or copied inline;
+                                 0 = the usable size of the heap block at args */
+  const cxr_range *ranges;    /* remote calls: the byte ranges of the argument graph to
+                                 ship into the replica; NULL = [args, args + arg_len) */
+  size_t nranges;
+} cxr_call_opts;
+
+void cxr_channel_opts_init(cxr_channel_opts *o);
+void cxr_conn_opts_init(cxr_conn_opts *o);
+void cxr_call_opts_init(cxr_call_opts *o);
+
+/* ---- server ---- */
+int cxr_channel_open(cxr_channel **ch, const char *name, const cxr_channel_opts *o);
+int cxr_channel_on(cxr_channel *ch, uint32_t method, cxr_handler fn, void *user);
+int cxr_channel_serve(cxr_channel *ch);   /* runs until cxr_channel_stop; 0 when stopped */
+int cxr_channel_start(cxr_channel *ch);   /* serves on background threads instead */
+void cxr_channel_stop(cxr_channel *ch);   /* safe from any thread or a signal-free context */
+void cxr_channel_close(cxr_channel *ch);
+
+/* ---- client ---- */
+int cxr_connect(cxr_conn **c, const char *target, const cxr_conn_opts *o);
+cxr_heap *cxr_conn_heap(cxr_conn *c);
+int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
+                  const cxr_call_opts *o);
+int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_future **f,
+                        const cxr_call_opts *o);
+void cxr_conn_close(cxr_conn *c);
+
+/* ---- futures ---- */
+int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result); /* call's code */
+int cxr_future_poll(cxr_future *f, void **result);   /* CXR_EAGAIN until done */
+/* cb runs once, on a library thread (or at once if already done). */
+int cxr_future_then(cxr_future *f, void (*cb)(int err, void *result, void *user), void *user);
+int cxr_future_cancel(cxr_future *f);   /* the call ends with CXR_ECANCELED */
+void cxr_future_free(cxr_future *f);    /* cancels if still pending */
+
+/* ---- inside a handler ---- */
+cxr_heap *cxr_call_heap(cxr_call *call);  /* where the handler builds results */
+/* The memory an argument graph may point into (the connection heap): for validators. */
+cxr_range cxr_call_arg_range(cxr_call *call);
+/* Remote calls: the byte ranges of the result graph to ship back; default is the usable
+ * size of the block at *result. */
+int cxr_call_set_result_ranges(cxr_call *call, const cxr_range *r, size_t n);
+
+typedef struct cxr_peer {
+  int pid;             /* -1 for a remote peer */
+  unsigned uid;
+  char host[64];       /* "" in the pod, else the remote address */
+  bool trusted;
+} cxr_peer;
+int cxr_call_peer(cxr_call *call, cxr_peer *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
