@@ -43,6 +43,8 @@ typedef struct cxr_heap_opts {
   const char *path;    /* explicit file or DAX device; default <root>/<name>.heap */
   bool keep_orphans;   /* when an allocating process dies, keep the blocks it still owned
                           (default false: they come back to the heap with its lease) */
+  bool remove_on_last_close; /* remove the file and name when the last holder closes or
+                                dies (default false: the heap persists until unlinked) */
 } cxr_heap_opts;
 
 void cxr_heap_opts_init(cxr_heap_opts *o);
@@ -87,7 +89,11 @@ typedef struct cxr_heap_stats {
   uint64_t generation;
   uintptr_t addr;
 } cxr_heap_stats;
-int cxr_heap_stats(const cxr_heap *h, cxr_heap_stats *out);
+/* C cannot have a function and a type both named cxr_heap_stats: the function is
+ * cxr_heap_get_stats, and cxr_heap_stats(h, &st) (a function-like macro) still calls it,
+ * while `cxr_heap_stats st;` still names the type. */
+int cxr_heap_get_stats(const cxr_heap *h, cxr_heap_stats *out);
+#define cxr_heap_stats(h, out) cxr_heap_get_stats((h), (out))
 
 /* Recovers holders whose process died: their caches, half-done operations and (unless
  * keep_orphans) the blocks they owned. Returns how many holders were recovered (>= 0). */

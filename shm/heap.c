@@ -1,0 +1,709 @@
+/*
+ * Heaps: files under the pod root (or an explicit file / DAX device) mapped through
+ * libpmem2 at the address recorded in their header, one lease (holder slot) per handle,
+ * dead-holder recovery, and removal with the last holder.
+ *
+ * Lock order: runtime mutex -> registry flock -> heap mutex.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shm/internal.h"
+#include "shm/proc.h"
+#include "shm/registry.h"
+
+void cxr_heap_opts_init(cxr_heap_opts *o) {
+  if (o == NULL) return;
+  memset(o, 0, sizeof *o);
+  o->mode = 0600;
+}
+
+static int check_name(const char *name) {
+  if (name == NULL || *name == '\0') return CXR_EINVAL;
+  size_t n = strnlen(name, CXR_NAME_MAX + 1);
+  if (n > CXR_NAME_MAX) return CXR_ENAMETOOLONG;
+  if (strchr(name, '/') || name[0] == '.') return CXR_EINVAL;
+  return 0;
+}
+
+/* ---------------- leases ---------------- */
+
+void cxr__slot_renew(cxr_heap *h) {
+  atomic_store_explicit(&h->hdr->slots[h->slot].lease_ns, cxr__realtime_ns(),
+                        memory_order_relaxed);
+}
+
+static bool slot_dead(const cxr__slot *s, int64_t now) {
+  cxr__proc_id id = {.pid = s->pid, .start_time = s->start_time, .host = s->host};
+  if (s->host == cxr__host_id()) return !cxr__proc_alive(&id);
+  /* Another host: only the lease tells. */
+  return now - atomic_load(&s->lease_ns) > cxr__lease_ns();
+}
+
+static int slot_take(cxr_heap *h) {
+  cxr__proc_id me;
+  int rc = cxr__proc_self_id(&me);
+  if (rc) return rc;
+  cxr__hdr *hdr = h->hdr;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
+      cxr__slot *s = &hdr->slots[i];
+      if (atomic_load(&s->state) != CXR_SLOT_FREE) continue;
+      uint32_t gen = ++hdr->slot_gen_next;
+      if (gen == 0) gen = ++hdr->slot_gen_next;
+      s->gen = gen;
+      s->pid = me.pid;
+      s->start_time = me.start_time;
+      s->host = me.host;
+      atomic_store(&s->allocs, 0);
+      atomic_store(&s->frees, 0);
+      atomic_store(&s->lease_ns, cxr__realtime_ns());
+      atomic_store(&s->state, CXR_SLOT_LIVE); /* commit */
+      h->slot = i;
+      h->gen = gen;
+      h->epoch = cxr__fork_epoch;
+      return 0;
+    }
+    if (cxr__heap_reap_locked(h) <= 0) break;
+  }
+  return CXR_EFULL;
+}
+
+/* Gives slots in `r` back: their blocks per the reclaim rules, counters folded. */
+static void slots_release(cxr__hdr *hdr, const cxr__reclaim *r) {
+  cxr__heap_rebuild(hdr, r);
+  for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
+    if (r->gen[i] == 0) continue;
+    cxr__slot *s = &hdr->slots[i];
+    hdr->retired_allocs += atomic_load(&s->allocs);
+    hdr->retired_frees += atomic_load(&s->frees);
+    atomic_store(&s->allocs, 0);
+    atomic_store(&s->frees, 0);
+    atomic_store(&s->state, CXR_SLOT_FREE);
+  }
+}
+
+int cxr__heap_reap_locked(cxr_heap *h) {
+  cxr__hdr *hdr = h->hdr;
+  cxr__reclaim r;
+  memset(&r, 0, sizeof r);
+  int n = 0;
+  int64_t now = cxr__realtime_ns();
+  for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
+    cxr__slot *s = &hdr->slots[i];
+    if (atomic_load(&s->state) != CXR_SLOT_LIVE) continue;
+    if (i == h->slot && s->gen == h->gen && h->epoch == cxr__fork_epoch) continue;
+    if (!slot_dead(s, now)) continue;
+    CXR_INFO("heap %s: holder pid %d (slot %u) is dead; recovering its memory", hdr->name,
+             s->pid, i);
+    r.gen[i] = s->gen;
+    n++;
+  }
+  if (n > 0) slots_release(hdr, &r);
+  return n;
+}
+
+int cxr_heap_reap(cxr_heap *h) {
+  int rc = cxr__heap_ready(h);
+  if (rc) return rc;
+  rc = cxr__heap_lock(h);
+  if (rc) return rc;
+  int n = cxr__heap_reap_locked(h);
+  cxr__slot_renew(h);
+  cxr__heap_unlock(h);
+  return n;
+}
+
+int cxr__heap_reattach(cxr_heap *h) {
+  cxr__rt_lock();
+  int rc = 0;
+  if (h->epoch != cxr__fork_epoch) {
+    rc = cxr__heap_lock(h);
+    if (rc == 0) {
+      rc = slot_take(h);
+      cxr__heap_unlock(h);
+    }
+    if (rc == 0) CXR_DEBUG("heap %s: inherited over fork, new lease in slot %u", h->hdr->name, h->slot);
+  }
+  cxr__rt_unlock();
+  return rc;
+}
+
+/* ---------------- header checks ---------------- */
+
+static int file_size(int fd, uint64_t *size) {
+  struct pmem2_source *src;
+  size_t s = 0;
+  if (pmem2_source_from_fd(&src, fd) != 0) return CXR_EIO;
+  int prc = pmem2_source_size(src, &s);
+  pmem2_source_delete(&src);
+  if (prc != 0) return CXR_EIO;
+  *size = s;
+  return 0;
+}
+
+/* Every field of the header, before anything is mapped at the address it names. */
+static int check_header(int fd, const cxr__reg_entry *e, cxr__hdr *out) {
+  uint64_t fsize;
+  int rc = file_size(fd, &fsize);
+  if (rc) return rc;
+  if (fsize < sizeof(cxr__hdr)) return CXR_ETRUNCATED;
+  if (pread(fd, out, sizeof *out, 0) != (ssize_t)sizeof *out) return CXR_ETRUNCATED;
+  if (out->magic != CXR_HEAP_MAGIC) return CXR_EBADMAGIC;
+  if (out->version != CXR_HEAP_VERSION || out->hdr_size != sizeof(cxr__hdr)) return CXR_EVERSION;
+  if (fsize < out->size) return CXR_ETRUNCATED;
+  if (out->size < CXR_HEAP_MIN || out->size % CXR_PAGE || out->addr % CXR_PAGE ||
+      !cxr__rt_in_window(out->addr, out->size))
+    return CXR_ERANGE;
+  uint64_t mo, dof, np;
+  cxr__geometry(out->size, &mo, &dof, &np);
+  if (mo != out->map_off || dof != out->data_off || np != out->npages) return CXR_ECORRUPT;
+  if (e && (e->addr != out->addr || e->generation != out->generation ||
+            strncmp(e->name, out->name, sizeof e->name) != 0)) {
+    CXR_ERR("heap %s: header disagrees with the registry (addr %#lx/%#lx, gen %lu/%lu)",
+            e->name, (unsigned long)out->addr, (unsigned long)e->addr,
+            (unsigned long)out->generation, (unsigned long)e->generation);
+    return CXR_ECORRUPT;
+  }
+  return 0;
+}
+
+/* ---------------- mappings and handles ---------------- */
+
+static cxr__map *map_find(const char *name, uint64_t generation) {
+  for (cxr__map *m = cxr__maps; m; m = m->next)
+    if (m->generation == generation && strcmp(m->name, name) == 0) return m;
+  return NULL;
+}
+
+static void map_put(cxr__map *m) {
+  if (--m->refs > 0) return;
+  for (cxr__map **pp = &cxr__maps; *pp; pp = &(*pp)->next)
+    if (*pp == m) {
+      *pp = m->next;
+      break;
+    }
+  cxr__rt_unmap(&m->pm);
+  free(m);
+}
+
+static int map_new(int fd, const cxr__hdr *hdr, const char *name, cxr__map **out) {
+  cxr__map *m = calloc(1, sizeof *m);
+  if (m == NULL) return CXR_ENOMEM;
+  int rc = cxr__rt_map(fd, hdr->addr, hdr->size, &m->pm);
+  if (rc) {
+    free(m);
+    return rc;
+  }
+  snprintf(m->name, sizeof m->name, "%s", name);
+  m->generation = hdr->generation;
+  m->addr = hdr->addr;
+  m->size = hdr->size;
+  m->persist = pmem2_get_persist_fn(m->pm);
+  m->refs = 1;
+  m->next = cxr__maps;
+  cxr__maps = m;
+  *out = m;
+  return 0;
+}
+
+static int handle_new(cxr__map *m, cxr_heap **out) {
+  cxr_heap *h = calloc(1, sizeof *h);
+  if (h == NULL) return CXR_ENOMEM;
+  h->magic = CXR_HANDLE_MAGIC;
+  h->m = m;
+  h->base = (char *)m->addr;
+  h->hdr = (cxr__hdr *)m->addr;
+  h->pm = (cxr__pme *)(h->base + h->hdr->map_off);
+  h->npages = h->hdr->npages;
+  h->data_off = h->hdr->data_off;
+  h->size = h->hdr->size;
+  h->serial = cxr__rt_next_serial();
+  h->epoch = cxr__fork_epoch;
+  int rc = cxr__heap_lock(h);
+  if (rc == 0) {
+    rc = slot_take(h);
+    cxr__heap_unlock(h);
+  }
+  if (rc) {
+    free(h);
+    return rc;
+  }
+  m->refs++;
+  h->next = cxr__heaps;
+  cxr__heaps = h;
+  *out = h;
+  return 0;
+}
+
+/* ---------------- removal of heaps nobody holds ---------------- */
+
+typedef struct peek {
+  unsigned live, dead;
+  int64_t oldest_lease;
+  size_t used;
+  bool ok;
+} peek;
+
+/* Reads a heap file's holders and usage without joining it (mapped anywhere, read-only). */
+static void peek_heap(const cxr__reg_entry *e, peek *pk) {
+  memset(pk, 0, sizeof *pk);
+  int fd = open(e->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  cxr__hdr hdr;
+  if (check_header(fd, e, &hdr) == 0) {
+    void *p = mmap(NULL, hdr.size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      const cxr__hdr *h = p;
+      int64_t now = cxr__realtime_ns();
+      for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
+        const cxr__slot *s = &h->slots[i];
+        if (atomic_load(&s->state) != CXR_SLOT_LIVE) continue;
+        if (slot_dead(s, now)) pk->dead++;
+        else pk->live++;
+        int64_t l = atomic_load(&s->lease_ns);
+        if (pk->oldest_lease == 0 || l < pk->oldest_lease) pk->oldest_lease = l;
+      }
+      size_t cached;
+      cxr__heap_usage(h, &pk->used, &cached);
+      pk->ok = true;
+      munmap(p, hdr.size);
+    }
+  }
+  close(fd);
+}
+
+static bool is_device(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && !S_ISREG(st.st_mode);
+}
+
+/* Removes entries (and files) of heaps marked for removal that no live process holds. */
+static void sweep(cxr__reg *r, cxr__reg_entry *only) {
+  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
+    cxr__reg_entry *e = &r->f->e[i];
+    if (!e->used || (only && e != only)) continue;
+    if (!(e->flags & (CXR_REG_UNLINKED | CXR_HF_REMOVE_ON_CLOSE))) continue;
+    if (map_find(e->name, e->generation) != NULL) continue; /* held by this process */
+    peek pk;
+    peek_heap(e, &pk);
+    if (pk.ok && pk.live > 0) continue;
+    if (!pk.ok && access(e->path, F_OK) == 0 && !(e->flags & CXR_REG_UNLINKED)) continue;
+    CXR_INFO("removing heap %s (%s): no live holder", e->name, e->path);
+    if (!is_device(e->path)) unlink(e->path);
+    cxr__reg_remove(r, e);
+  }
+}
+
+/* ---------------- create / open / close / unlink ---------------- */
+
+static void format(cxr__hdr *hdr, const char *name, uint64_t size, uint64_t addr,
+                   uint64_t generation, uint32_t flags) {
+  memset(hdr, 0, sizeof *hdr);
+  hdr->version = CXR_HEAP_VERSION;
+  hdr->hdr_size = sizeof(cxr__hdr);
+  hdr->size = size;
+  hdr->addr = addr;
+  hdr->generation = generation;
+  snprintf(hdr->name, sizeof hdr->name, "%s", name);
+  hdr->flags = flags;
+  hdr->owner_pid = (int32_t)getpid();
+  cxr__geometry(size, &hdr->map_off, &hdr->data_off, &hdr->npages);
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&hdr->lock, &a);
+  pthread_mutexattr_destroy(&a);
+  cxr__heap_format(hdr);
+}
+
+int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_heap_opts *o) {
+  if (out == NULL) return CXR_EINVAL;
+  *out = NULL;
+  int rc = check_name(name);
+  if (rc) return rc;
+  cxr_heap_opts d;
+  cxr_heap_opts_init(&d);
+  if (o == NULL) o = &d;
+  if (size < CXR_HEAP_MIN || size > (1ull << 44)) return CXR_EINVAL;
+  size = (size + CXR_PAGE - 1) & ~(size_t)(CXR_PAGE - 1);
+  if (o->addr % CXR_PAGE) return CXR_EINVAL;
+  rc = cxr__rt_ensure();
+  if (rc) return rc;
+  char path[PATH_MAX];
+  if (o->path) {
+    if (strlen(o->path) >= sizeof((cxr__reg_entry *)0)->path) return CXR_ENAMETOOLONG;
+    snprintf(path, sizeof path, "%s", o->path);
+  } else {
+    int n = snprintf(path, sizeof path, "%s/%s.heap", cxr_root(), name);
+    if (n < 0 || (size_t)n >= sizeof((cxr__reg_entry *)0)->path) return CXR_ENAMETOOLONG;
+  }
+  uint32_t flags = (o->keep_orphans ? CXR_HF_KEEP_ORPHANS : 0) |
+                   (o->remove_on_last_close ? CXR_HF_REMOVE_ON_CLOSE : 0);
+
+  cxr__rt_lock();
+  cxr__reg r;
+  rc = cxr__reg_lock(&r, true);
+  if (rc) {
+    cxr__rt_unlock();
+    return rc;
+  }
+  sweep(&r, NULL);
+  int fd = -1;
+  cxr__map *m = NULL;
+  cxr__reg_entry *e = NULL;
+  uint64_t addr = 0;
+  bool created_file = false;
+  if (cxr__reg_find(&r, name)) {
+    rc = CXR_EEXIST;
+    goto out;
+  }
+  if ((e = cxr__reg_slot(&r)) == NULL) {
+    rc = CXR_EFULL;
+    goto out;
+  }
+  rc = cxr__reg_range(&r, size, o->addr, &addr);
+  if (rc) goto out;
+  if (o->path) {
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, o->mode ? o->mode : 0600);
+  } else {
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, o->mode ? o->mode : 0600);
+    if (fd < 0 && errno == EEXIST) {
+      /* Not in the registry: left by a creator that died before registering it. */
+      CXR_WARN("removing stale heap file %s", path);
+      unlink(path);
+      fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, o->mode ? o->mode : 0600);
+    }
+  }
+  if (fd < 0) {
+    rc = cxr__from_errno(errno);
+    goto out;
+  }
+  created_file = !o->path || !is_device(path);
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    if (fchmod(fd, o->mode ? o->mode : 0600) != 0 || ftruncate(fd, (off_t)size) != 0) {
+      rc = cxr__from_errno(errno);
+      goto out;
+    }
+  } else {
+    uint64_t dsize;
+    if ((rc = file_size(fd, &dsize)) != 0) goto out;
+    if (dsize < size) {
+      rc = CXR_ENOMEM;
+      goto out;
+    }
+  }
+  cxr__hdr tmp;
+  memset(&tmp, 0, sizeof tmp);
+  tmp.addr = addr;
+  tmp.size = size;
+  tmp.generation = cxr__reg_next_generation(&r);
+  rc = map_new(fd, &tmp, name, &m);
+  if (rc) goto out;
+  cxr__hdr *hdr = (cxr__hdr *)addr;
+  format(hdr, name, size, addr, tmp.generation, flags);
+  m->persist(hdr, hdr->data_off);
+  hdr->magic = CXR_HEAP_MAGIC; /* commit: a heap without magic was never finished */
+  m->persist(&hdr->magic, sizeof hdr->magic);
+  m->refs = 0;
+  cxr_heap *h = NULL;
+  rc = handle_new(m, &h);
+  if (rc) {
+    m->refs = 1;
+    goto out;
+  }
+  /* Register last: until then nobody can find it. */
+  snprintf(e->name, sizeof e->name, "%s", name);
+  memcpy(e->path, path, strlen(path) + 1); /* length checked above */
+  e->addr = addr;
+  e->size = size;
+  e->generation = tmp.generation;
+  e->flags = flags;
+  e->pod = 0;
+  e->used = 1;
+  *out = h;
+  m = NULL;
+  CXR_INFO("created heap %s at %#lx, %zu bytes, %s", name, (unsigned long)addr, size, path);
+out:
+  if (m) map_put(m);
+  if (rc && created_file && fd >= 0) unlink(path);
+  if (fd >= 0) close(fd);
+  cxr__reg_unlock(&r);
+  cxr__rt_unlock();
+  return rc;
+}
+
+int cxr_heap_open(cxr_heap **out, const char *name) {
+  if (out == NULL) return CXR_EINVAL;
+  *out = NULL;
+  int rc = check_name(name);
+  if (rc) return rc;
+  rc = cxr__rt_ensure();
+  if (rc) return rc;
+  cxr__rt_lock();
+  cxr__reg r;
+  rc = cxr__reg_lock(&r, false);
+  if (rc) {
+    cxr__rt_unlock();
+    return rc;
+  }
+  int fd = -1;
+  cxr__reg_entry *e = cxr__reg_find(&r, name);
+  if (e == NULL) {
+    rc = CXR_ENOENT;
+    goto out;
+  }
+  cxr__map *m = map_find(name, e->generation);
+  if (m == NULL) {
+    fd = open(e->path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      rc = cxr__from_errno(errno);
+      goto out;
+    }
+    cxr__hdr hdr;
+    rc = check_header(fd, e, &hdr);
+    if (rc) {
+      CXR_ERR("heap %s (%s): %s", name, e->path, cxr_strerror(rc));
+      goto out;
+    }
+    rc = map_new(fd, &hdr, name, &m);
+    if (rc) goto out;
+    /* The header may have changed between pread and map: check the mapped copy. */
+    cxr__hdr *mh = (cxr__hdr *)m->addr;
+    if (mh->magic != CXR_HEAP_MAGIC || mh->size != hdr.size || mh->addr != hdr.addr ||
+        mh->generation != hdr.generation) {
+      map_put(m);
+      rc = CXR_ECORRUPT;
+      goto out;
+    }
+    m->refs = 0;
+  }
+  rc = handle_new(m, out);
+  if (rc && m->refs == 0) {
+    m->refs = 1;
+    map_put(m);
+  }
+out:
+  if (fd >= 0) close(fd);
+  cxr__reg_unlock(&r);
+  cxr__rt_unlock();
+  return rc;
+}
+
+/* Drops h's lease; the caller holds the runtime mutex. Removes the heap when it was the
+ * last holder of a heap marked for removal. */
+static void release(cxr_heap *h, bool unmap) {
+  cxr__reg r;
+  bool reg = cxr__reg_lock(&r, false) == 0;
+  if (cxr__heap_lock(h) == 0) {
+    if (h->epoch == cxr__fork_epoch) {
+      cxr__reclaim rc;
+      memset(&rc, 0, sizeof rc);
+      rc.gen[h->slot] = h->gen;
+      rc.clean[h->slot] = true;
+      if (h->hdr->slots[h->slot].gen == h->gen) slots_release(h->hdr, &rc);
+    }
+    cxr__heap_reap_locked(h);
+    cxr__heap_unlock(h);
+  }
+  cxr__map *m = h->m;
+  for (cxr_heap **pp = &cxr__heaps; *pp; pp = &(*pp)->next)
+    if (*pp == h) {
+      *pp = h->next;
+      break;
+    }
+  h->magic = 0;
+  char name[CXR_NAME_MAX + 1];
+  snprintf(name, sizeof name, "%s", m->name);
+  uint64_t gen = m->generation;
+  if (unmap) map_put(m);
+  else m->refs--;
+  if (reg) {
+    for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
+      cxr__reg_entry *e = &r.f->e[i];
+      if (e->used && e->generation == gen && strcmp(e->name, name) == 0) sweep(&r, e);
+    }
+    cxr__reg_unlock(&r);
+  }
+}
+
+void cxr_heap_close(cxr_heap *h) {
+  if (cxr__heap_check(h) != 0) return;
+  cxr__tcache_flush(h, true);
+  cxr__rt_lock();
+  release(h, true);
+  cxr__rt_unlock();
+  free(h);
+}
+
+/* At exit: give up this process's own leases (not those inherited over fork), keep the
+ * memory mapped for threads that still run. */
+void cxr__heaps_release_all(void);
+static cxr_heap *retired; /* handles released at exit stay reachable (threads may run) */
+void cxr__heaps_release_all(void) {
+  cxr__rt_lock();
+  while (cxr__heaps) {
+    cxr_heap *h = cxr__heaps;
+    if (h->epoch == cxr__fork_epoch) release(h, false);
+    else cxr__heaps = h->next;
+    h->next = retired;
+    retired = h;
+  }
+  cxr__rt_unlock();
+}
+
+int cxr_heap_unlink(const char *name) {
+  int rc = check_name(name);
+  if (rc) return rc;
+  rc = cxr__rt_ensure();
+  if (rc) return rc;
+  cxr__rt_lock();
+  cxr__reg r;
+  rc = cxr__reg_lock(&r, false);
+  if (rc == 0) {
+    cxr__reg_entry *e = cxr__reg_find(&r, name);
+    if (e == NULL) {
+      rc = CXR_ENOENT;
+    } else {
+      /* Move the file aside so the name can be used again at once. */
+      if (!is_device(e->path)) {
+        char hidden[PATH_MAX];
+        snprintf(hidden, sizeof hidden, "%s/.%s.%lu.unlinked", cxr_root(), name,
+                 (unsigned long)e->generation);
+        if (strlen(hidden) < sizeof e->path && rename(e->path, hidden) == 0)
+          snprintf(e->path, sizeof e->path, "%s", hidden);
+      }
+      e->flags |= CXR_REG_UNLINKED;
+      sweep(&r, e);
+    }
+    cxr__reg_unlock(&r);
+  }
+  cxr__rt_unlock();
+  return rc;
+}
+
+/* ---------------- accessors ---------------- */
+
+bool cxr_heap_contains(const cxr_heap *h, const void *p, size_t len) {
+  if (cxr__heap_check(h) != 0) {
+    cxr__set_error(CXR_EINVAL);
+    return false;
+  }
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)h->base + h->data_off,
+            hi = (uintptr_t)h->base + h->size;
+  return a >= lo && a <= hi && len <= hi - a;
+}
+
+void *cxr_heap_base(const cxr_heap *h) {
+  if (cxr__heap_check(h) != 0) return cxr__fail_null(CXR_EINVAL);
+  return h->base;
+}
+
+size_t cxr_heap_size(const cxr_heap *h) { return cxr__heap_check(h) == 0 ? h->size : 0; }
+
+const char *cxr_heap_name(const cxr_heap *h) {
+  if (cxr__heap_check(h) != 0) return cxr__fail_null(CXR_EINVAL);
+  return h->hdr->name;
+}
+
+int cxr_heap_set_root(cxr_heap *h, void *p) {
+  if (cxr__heap_check(h) != 0) return CXR_EINVAL;
+  if (p != NULL && !cxr_heap_contains(h, p, 1)) return CXR_EBADPTR;
+  atomic_store(&h->hdr->root_off, p ? (uint64_t)((char *)p - h->base) : 0);
+  return 0;
+}
+
+void *cxr_heap_get_root(const cxr_heap *h) {
+  if (cxr__heap_check(h) != 0) return cxr__fail_null(CXR_EINVAL);
+  uint64_t off = atomic_load(&h->hdr->root_off);
+  if (off == 0) return cxr__fail_null(CXR_ENOENT);
+  if (off < h->data_off || off >= h->size) return cxr__fail_null(CXR_ECORRUPT);
+  return h->base + off;
+}
+
+int cxr_heap_persist(cxr_heap *h, const void *p, size_t len) {
+  if (cxr__heap_check(h) != 0) return CXR_EINVAL;
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)h->base, hi = lo + h->size;
+  if (p == NULL || a < lo || a > hi || len > hi - a) return CXR_EBADPTR;
+  if (len) h->m->persist(p, len);
+  return 0;
+}
+
+int cxr_heap_get_stats(const cxr_heap *h, cxr_heap_stats *out) {
+  if (cxr__heap_check(h) != 0 || out == NULL) return CXR_EINVAL;
+  memset(out, 0, sizeof *out);
+  const cxr__hdr *hdr = h->hdr;
+  out->size = h->size;
+  out->capacity = h->npages * CXR_PAGE;
+  cxr__heap_usage(hdr, &out->used, &out->cached);
+  uint64_t a, f;
+  cxr__tcache_counters((cxr_heap *)h, &a, &f);
+  out->allocs = hdr->retired_allocs + a;
+  out->frees = hdr->retired_frees + f;
+  for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
+    const cxr__slot *s = &hdr->slots[i];
+    if (atomic_load(&s->state) != CXR_SLOT_LIVE) continue;
+    out->holders++;
+    out->allocs += atomic_load(&s->allocs);
+    out->frees += atomic_load(&s->frees);
+  }
+  out->generation = hdr->generation;
+  out->addr = hdr->addr;
+  return 0;
+}
+
+/* ---------------- the registry from outside ---------------- */
+
+int cxr_registry_list(cxr_heap_info *out, size_t max, size_t *n) {
+  if (n == NULL || (out == NULL && max > 0)) return CXR_EINVAL;
+  *n = 0;
+  int rc = cxr__rt_ensure();
+  if (rc) return rc;
+  cxr__rt_lock();
+  cxr__reg r;
+  rc = cxr__reg_lock(&r, false);
+  if (rc == CXR_ENOENT) {
+    cxr__rt_unlock();
+    return 0;
+  }
+  if (rc) {
+    cxr__rt_unlock();
+    return rc;
+  }
+  sweep(&r, NULL);
+  size_t k = 0;
+  int64_t now = cxr__realtime_ns();
+  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
+    cxr__reg_entry *e = &r.f->e[i];
+    if (!e->used) continue;
+    if (k < max) {
+      cxr_heap_info *hi = &out[k];
+      memset(hi, 0, sizeof *hi);
+      snprintf(hi->name, sizeof hi->name, "%s", e->name);
+      snprintf(hi->path, sizeof hi->path, "%s", e->path);
+      hi->addr = e->addr;
+      hi->size = e->size;
+      hi->generation = e->generation;
+      peek pk;
+      peek_heap(e, &pk);
+      hi->used = pk.used;
+      hi->holders = pk.live;
+      hi->dead_holders = pk.dead;
+      hi->lease_age_ns = pk.oldest_lease ? now - pk.oldest_lease : -1;
+    }
+    k++;
+  }
+  *n = k;
+  cxr__reg_unlock(&r);
+  cxr__rt_unlock();
+  return 0;
+}

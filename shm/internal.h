@@ -1,0 +1,98 @@
+/*
+ * Private: the process-local side of shm/ (runtime, mappings, handles, thread caches)
+ * and the functions the files of shm/ share. Not for other layers.
+ */
+#ifndef CXRPC_SHM_INTERNAL_H
+#define CXRPC_SHM_INTERNAL_H
+
+#include <libpmem2.h>
+#include <stdatomic.h>
+
+#include <cxrpc/shm.h>
+
+#include "shm/layout.h"
+#include "shm/log.h"
+
+#define CXR_HANDLE_MAGIC 0x48434852u /* "RHCH" */
+#define CXR_RANGE_ALIGN (2u << 20)  /* the registry hands out 2 MiB-aligned ranges */
+
+/* One mapping of one heap generation in this process, shared by its handles. */
+typedef struct cxr__map {
+  struct cxr__map *next;
+  char name[CXR_NAME_MAX + 1];
+  uint64_t generation;
+  uintptr_t addr;
+  size_t size;
+  struct pmem2_map *pm;
+  pmem2_persist_fn persist;
+  int refs;
+} cxr__map;
+
+/* A handle: one lease (holder slot) on one mapping. */
+struct cxr_heap {
+  uint32_t magic;
+  unsigned slot;
+  uint32_t gen;              /* the slot's tenancy */
+  unsigned epoch;            /* fork epoch the slot was taken in */
+  uint64_t serial;           /* unique per handle in this process (thread caches key) */
+  cxr__map *m;
+  cxr__hdr *hdr;
+  char *base;
+  cxr__pme *pm;
+  uint64_t npages, data_off, size;
+  struct cxr_heap *next;     /* open handles of this process */
+};
+
+/* ---- runtime.c ---- */
+extern _Atomic unsigned cxr__fork_epoch;
+int cxr__rt_ensure(void);
+void cxr__rt_lock(void);
+void cxr__rt_unlock(void);
+uint64_t cxr__rt_next_serial(void);
+/* Maps fd at addr inside the reserved window (libpmem2, MAP_FIXED over our own reservation
+ * after checking that nothing else sits there). */
+int cxr__rt_map(int fd, uintptr_t addr, size_t size, struct pmem2_map **out);
+void cxr__rt_unmap(struct pmem2_map **pm);
+bool cxr__rt_in_window(uint64_t addr, uint64_t size);
+int64_t cxr__realtime_ns(void);
+int64_t cxr__lease_ns(void);   /* CXRPC_LEASE_MS, default 10 s */
+/* Process-local lists (under cxr__rt_lock). */
+extern cxr__map *cxr__maps;
+extern cxr_heap *cxr__heaps;
+
+/* ---- alloc.c ---- */
+/* What a rebuild reclaims: blocks owned by slot s in tenancy gen[s] (0 = none). */
+typedef struct cxr__reclaim {
+  uint32_t gen[CXR_MAX_HOLDERS];
+  bool clean[CXR_MAX_HOLDERS];  /* closed cleanly: allocated blocks stay (no owner) */
+} cxr__reclaim;
+void cxr__heap_format(cxr__hdr *hdr);
+int cxr__heap_lock(cxr_heap *h);
+void cxr__heap_unlock(cxr_heap *h);
+/* Rebuilds free runs and central lists from page-map heads and block tags, reclaiming
+ * what `r` names (may be NULL). Heap lock held. */
+void cxr__heap_rebuild(cxr__hdr *hdr, const cxr__reclaim *r);
+/* Bytes in ALLOC and CACHED state; works on a mapping at any address. */
+void cxr__heap_usage(const cxr__hdr *hdr, size_t *used, size_t *cached);
+/* This thread's cache for h: flush everything back (heap lock taken inside). */
+void cxr__tcache_flush(cxr_heap *h, bool drop);
+void cxr__tcache_counters(cxr_heap *h, uint64_t *allocs, uint64_t *frees);
+
+/* ---- heap.c ---- */
+/* Finds dead holders and reclaims them. Heap lock held. Returns how many. */
+int cxr__heap_reap_locked(cxr_heap *h);
+/* Re-attaches a handle inherited over fork (new lease for this process). */
+int cxr__heap_reattach(cxr_heap *h);
+static inline int cxr__heap_check(const cxr_heap *h) {
+  if (h == NULL || h->magic != CXR_HANDLE_MAGIC) return CXR_EINVAL;
+  return 0;
+}
+static inline int cxr__heap_ready(cxr_heap *h) {
+  if (cxr__heap_check(h) != 0) return CXR_EINVAL;
+  if (__builtin_expect(h->epoch != atomic_load_explicit(&cxr__fork_epoch, memory_order_relaxed), 0))
+    return cxr__heap_reattach(h);
+  return 0;
+}
+void cxr__slot_renew(cxr_heap *h);
+
+#endif

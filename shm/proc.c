@@ -1,0 +1,71 @@
+/* Process identity and liveness from /proc (see proc.h). */
+#include "shm/proc.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shm/log.h"
+
+int cxr__proc_start_time(pid_t pid, uint64_t *start_time) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return CXR_ENOENT;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return CXR_ENOENT;
+  buf[n] = '\0';
+  /* The command name (field 2) may hold spaces and parentheses: fields resume after the
+   * last ')'. Field 3 is the state, field 22 the start time. */
+  char *p = strrchr(buf, ')');
+  if (p == NULL || p[1] != ' ') return CXR_ENOENT;
+  p += 2;
+  char state = *p;
+  if (state == 'Z' || state == 'X' || state == 'x') return CXR_ENOENT;
+  for (int field = 3; field < 22; field++) {
+    p = strchr(p, ' ');
+    if (p == NULL) return CXR_ENOENT;
+    p++;
+  }
+  unsigned long long st = 0;
+  if (sscanf(p, "%llu", &st) != 1) return CXR_ENOENT;
+  *start_time = st;
+  return 0;
+}
+
+uint64_t cxr__host_id(void) {
+  static _Atomic uint64_t cached;
+  uint64_t h = cached;
+  if (h != 0) return h;
+  char buf[64] = {0};
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    (void)n;
+    close(fd);
+  }
+  h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *c = buf; *c && *c != '\n'; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  if (h == 0) h = 1;
+  cached = h;
+  return h;
+}
+
+int cxr__proc_self_id(cxr__proc_id *out) {
+  if (out == NULL) return CXR_EINVAL;
+  memset(out, 0, sizeof *out);
+  out->pid = (int32_t)getpid();
+  out->host = cxr__host_id();
+  if (cxr__proc_start_time(out->pid, &out->start_time) != 0) return CXR_EIO;
+  return 0;
+}
+
+bool cxr__proc_alive(const cxr__proc_id *id) {
+  if (id == NULL || id->pid <= 0) return false;
+  if (id->host != cxr__host_id()) return true;
+  uint64_t st;
+  if (cxr__proc_start_time(id->pid, &st) != 0) return false;
+  return st == id->start_time;
+}

@@ -1,0 +1,163 @@
+/* The pod registry (see registry.h). */
+#include "shm/registry.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shm/internal.h"
+
+#define REG_MAGIC 0x0047455252584300ull /* "\0CXRREG" */
+#define REG_VERSION 1u
+
+unsigned cxr__rt_pod(void);
+
+int cxr__reg_lock(cxr__reg *r, bool create) {
+  r->fd = -1;
+  r->f = NULL;
+  const char *root = cxr_root();
+  if (root == NULL) return cxr_last_error();
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/registry", root);
+  for (int attempt = 0; attempt < 100; attempt++) {
+    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
+    if (fd < 0) return cxr__from_errno(errno);
+    if (flock(fd, LOCK_EX) != 0) {
+      int e = errno;
+      close(fd);
+      return cxr__from_errno(e);
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_nlink == 0) { /* removed while we waited: retry */
+      close(fd);
+      if (!create) return CXR_ENOENT;
+      continue;
+    }
+    if ((size_t)st.st_size < sizeof(cxr__reg_file)) {
+      /* New (or left half-made by a creator that died holding the lock). */
+      if (!create) {
+        close(fd);
+        return CXR_ENOENT;
+      }
+      if (ftruncate(fd, sizeof(cxr__reg_file)) != 0) {
+        int e = errno;
+        close(fd);
+        return cxr__from_errno(e);
+      }
+    }
+    void *p = mmap(NULL, sizeof(cxr__reg_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      close(fd);
+      return cxr__from_errno(e);
+    }
+    cxr__reg_file *f = p;
+    if (f->magic == 0) {
+      f->version = REG_VERSION;
+      f->nentries = CXR_REG_ENTRIES;
+      f->magic = REG_MAGIC;
+    } else if (f->magic != REG_MAGIC || f->version != REG_VERSION ||
+               f->nentries != CXR_REG_ENTRIES) {
+      CXR_ERR("%s is not a cxrpc registry of this version", path);
+      munmap(p, sizeof(cxr__reg_file));
+      close(fd);
+      return CXR_EVERSION;
+    }
+    r->fd = fd;
+    r->f = f;
+    return 0;
+  }
+  return CXR_EBUSY;
+}
+
+void cxr__reg_unlock(cxr__reg *r) {
+  if (r->f == NULL) return;
+  bool empty = true;
+  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++)
+    if (r->f->e[i].used) empty = false;
+  if (empty) {
+    /* Unlink while still locked: waiters see st_nlink == 0 and start over. */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/registry", cxr_root());
+    unlink(path);
+  }
+  munmap(r->f, sizeof(cxr__reg_file));
+  close(r->fd); /* drops the flock */
+  r->f = NULL;
+  r->fd = -1;
+}
+
+cxr__reg_entry *cxr__reg_find(cxr__reg *r, const char *name) {
+  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
+    cxr__reg_entry *e = &r->f->e[i];
+    if (e->used && !(e->flags & CXR_REG_UNLINKED) &&
+        strncmp(e->name, name, sizeof e->name) == 0)
+      return e;
+  }
+  return NULL;
+}
+
+cxr__reg_entry *cxr__reg_slot(cxr__reg *r) {
+  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++)
+    if (!r->f->e[i].used) return &r->f->e[i];
+  return NULL;
+}
+
+uint64_t cxr__reg_next_generation(cxr__reg *r) {
+  /* Unique across registry re-creation too: never below the wall clock. */
+  uint64_t g = (uint64_t)cxr__realtime_ns();
+  if (g <= r->f->last_generation) g = r->f->last_generation + 1;
+  r->f->last_generation = g;
+  return g;
+}
+
+void cxr__reg_remove(cxr__reg *r, cxr__reg_entry *e) {
+  (void)r;
+  e->used = 0;
+  memset(e, 0, sizeof *e);
+}
+
+static bool overlaps(cxr__reg *r, uint64_t a, uint64_t size) {
+  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
+    cxr__reg_entry *e = &r->f->e[i];
+    if (!e->used) continue;
+    uint64_t es = (e->size + CXR_RANGE_ALIGN - 1) & ~(uint64_t)(CXR_RANGE_ALIGN - 1);
+    if (a < e->addr + es && e->addr < a + size) return true;
+  }
+  return false;
+}
+
+int cxr__reg_range(cxr__reg *r, uint64_t size, uint64_t fixed, uint64_t *addr) {
+  uintptr_t sbase;
+  size_t ssize;
+  int rc = cxr_pod_slice(cxr__rt_pod(), &sbase, &ssize);
+  if (rc) return rc;
+  uint64_t rs = (size + CXR_RANGE_ALIGN - 1) & ~(uint64_t)(CXR_RANGE_ALIGN - 1);
+  if (fixed) {
+    if (fixed < sbase || rs > ssize || fixed - sbase > ssize - rs) return CXR_ERANGE;
+    if (overlaps(r, fixed, rs)) return CXR_EADDRINUSE;
+    *addr = fixed;
+    return 0;
+  }
+  /* First fit: candidates are the slice start and the end of every entry. */
+  uint64_t best = UINT64_MAX;
+  for (int i = -1; i < (int)CXR_REG_ENTRIES; i++) {
+    uint64_t a = sbase;
+    if (i >= 0) {
+      cxr__reg_entry *e = &r->f->e[i];
+      if (!e->used) continue;
+      a = e->addr + ((e->size + CXR_RANGE_ALIGN - 1) & ~(uint64_t)(CXR_RANGE_ALIGN - 1));
+    }
+    if (a < sbase || rs > ssize || a - sbase > ssize - rs) continue;
+    if (a < best && !overlaps(r, a, rs)) best = a;
+  }
+  if (best == UINT64_MAX) return CXR_ENOMEM;
+  *addr = best;
+  return 0;
+}

@@ -1,0 +1,252 @@
+// Heaps in one process and two: create, open, allocate, free, statistics, root pointer,
+// removal, and two processes following each other's pointers at the same address.
+#include <gtest/gtest.h>
+
+#include <cxrpc/shm.h>
+
+#include "tests/shm/util.h"
+
+using namespace shmtest;
+
+static std::string g_root = setup_root("heap_test");
+
+TEST(Heap, InitReservesTheWindowAndSlices) {
+  ASSERT_EQ(cxr_init(nullptr), 0);
+  uintptr_t base;
+  size_t size;
+  ASSERT_EQ(cxr_window(&base, &size), 0);
+  EXPECT_GT(size, 0u);
+  uintptr_t s0, s1;
+  size_t z0, z1;
+  ASSERT_EQ(cxr_pod_slice(0, &s0, &z0), 0);
+  ASSERT_EQ(cxr_pod_slice(1, &s1, &z1), 0);
+  EXPECT_EQ(s0, base);
+  EXPECT_EQ(s1, s0 + z0);
+  EXPECT_EQ(cxr_pod_slice(1000, &s1, &z1), CXR_EINVAL);
+  EXPECT_STREQ(cxr_root(), g_root.c_str());
+  // Same options again: fine; other options: busy.
+  cxr_init_opts o;
+  cxr_init_opts_init(&o);
+  o.root = "/somewhere/else";
+  EXPECT_EQ(cxr_init(&o), CXR_EBUSY);
+}
+
+TEST(Heap, CreateAllocFreeStats) {
+  std::string name = uniq("basic");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 4 << 20, nullptr), 0);
+  EXPECT_STREQ(cxr_heap_name(h), name.c_str());
+  EXPECT_EQ(cxr_heap_size(h), 4u << 20);
+  uintptr_t wb;
+  size_t ws;
+  cxr_window(&wb, &ws);
+  uintptr_t base = (uintptr_t)cxr_heap_base(h);
+  EXPECT_GE(base, wb);
+  EXPECT_LT(base, wb + ws);
+  EXPECT_EQ(base % (2 << 20), 0u);
+
+  cxr_heap_stats st0;
+  ASSERT_EQ(cxr_heap_stats(h, &st0), 0);
+  EXPECT_EQ(st0.used, 0u);
+  EXPECT_EQ(st0.holders, 1u);
+  EXPECT_GT(st0.capacity, 3u << 20);
+
+  std::vector<void *> ps;
+  for (size_t sz : {1, 16, 17, 100, 1000, 4000, 8192, 8193, 65536, 200000}) {
+    void *p = cxr_heap_alloc(h, sz);
+    ASSERT_NE(p, nullptr) << sz;
+    EXPECT_EQ((uintptr_t)p % 16, 0u);
+    EXPECT_TRUE(cxr_heap_contains(h, p, sz));
+    EXPECT_GE(cxr_heap_usable_size(h, p), sz);
+    memset(p, 0xAB, sz);
+    ps.push_back(p);
+  }
+  cxr_heap_stats st;
+  ASSERT_EQ(cxr_heap_stats(h, &st), 0);
+  EXPECT_GT(st.used, 200000u);
+  EXPECT_GE(st.allocs, 10u);
+  for (void *p : ps) cxr_heap_free(h, p);
+  ASSERT_EQ(cxr_heap_stats(h, &st), 0);
+  EXPECT_EQ(st.used, 0u);
+  EXPECT_GE(st.frees, 10u);
+
+  void *pg = cxr_heap_alloc_pages(h, 5000);
+  ASSERT_NE(pg, nullptr);
+  EXPECT_EQ((uintptr_t)pg % 4096, 0u);
+  EXPECT_EQ(cxr_heap_usable_size(h, pg), 8192u);
+  void *al = cxr_heap_alloc_aligned(h, 64, 10);
+  ASSERT_NE(al, nullptr);
+  EXPECT_EQ((uintptr_t)al % 64, 0u);
+  EXPECT_EQ(cxr_heap_alloc_aligned(h, 3, 10), nullptr);
+  EXPECT_EQ(cxr_last_error(), CXR_EINVAL);
+  char *r = (char *)cxr_heap_alloc(h, 10);
+  strcpy(r, "abcdefghi");
+  r = (char *)cxr_heap_realloc(h, r, 3000);
+  ASSERT_NE(r, nullptr);
+  EXPECT_STREQ(r, "abcdefghi");
+  cxr_heap_free(h, r);
+  cxr_heap_free(h, al);
+  cxr_heap_free(h, pg);
+  ASSERT_EQ(cxr_heap_stats(h, &st), 0);
+  EXPECT_EQ(st.used, 0u);
+
+  // Pointers that are not allocations are refused, not followed.
+  cxr_heap_free(h, (char *)cxr_heap_base(h) + 100);
+  EXPECT_EQ(cxr_last_error(), CXR_EBADPTR);
+  int local;
+  cxr_heap_free(h, &local);
+  EXPECT_EQ(cxr_last_error(), CXR_EBADPTR);
+  void *d = cxr_heap_alloc(h, 32);
+  cxr_heap_free(h, d);
+  cxr_heap_free(h, d);  // double free: reported, not corrupting
+  EXPECT_EQ(cxr_last_error(), CXR_EINVAL);
+  EXPECT_FALSE(cxr_heap_contains(h, &local, 1));
+  EXPECT_EQ(cxr_heap_persist(h, &local, 4), CXR_EBADPTR);
+
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), CXR_ENOENT);
+}
+
+TEST(Heap, RootPointerAndReopenInSameProcess) {
+  std::string name = uniq("root");
+  cxr_heap *h = nullptr, *h2 = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, nullptr), 0);
+  EXPECT_EQ(cxr_heap_get_root(h), nullptr);
+  EXPECT_EQ(cxr_last_error(), CXR_ENOENT);
+  int *x = (int *)cxr_heap_alloc(h, sizeof(int));
+  *x = 42;
+  ASSERT_EQ(cxr_heap_set_root(h, x), 0);
+  int local;
+  EXPECT_EQ(cxr_heap_set_root(h, &local), CXR_EBADPTR);
+  ASSERT_EQ(cxr_heap_persist(h, x, sizeof *x), 0);
+  ASSERT_EQ(cxr_heap_open(&h2, name.c_str()), 0);
+  EXPECT_EQ(cxr_heap_base(h2), cxr_heap_base(h));
+  EXPECT_EQ(*(int *)cxr_heap_get_root(h2), 42);
+  cxr_heap_stats st;
+  cxr_heap_stats(h2, &st);
+  EXPECT_EQ(st.holders, 2u);
+  cxr_heap_close(h);
+  // A heap persists after its holders close until it is unlinked.
+  cxr_heap_close(h2);
+  ASSERT_EQ(cxr_heap_open(&h, name.c_str()), 0);
+  EXPECT_EQ(*(int *)cxr_heap_get_root(h), 42);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ENOENT);
+}
+
+TEST(Heap, NamesAndArguments) {
+  cxr_heap *h = nullptr;
+  std::string longname(CXR_NAME_MAX + 1, 'x');
+  EXPECT_EQ(cxr_heap_create(&h, longname.c_str(), 1 << 20, nullptr), CXR_ENAMETOOLONG);
+  EXPECT_EQ(cxr_heap_open(&h, longname.c_str()), CXR_ENAMETOOLONG);
+  EXPECT_EQ(cxr_heap_create(&h, "", 1 << 20, nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr_heap_create(&h, "a/b", 1 << 20, nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr_heap_create(nullptr, "x", 1 << 20, nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr_heap_create(&h, "tiny", 100, nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr_heap_open(&h, "does-not-exist"), CXR_ENOENT);
+  EXPECT_EQ(cxr_heap_alloc(nullptr, 10), nullptr);
+  EXPECT_EQ(cxr_last_error(), CXR_EINVAL);
+  std::string name = uniq("dup");
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, nullptr), 0);
+  cxr_heap *h2 = nullptr;
+  EXPECT_EQ(cxr_heap_create(&h2, name.c_str(), 1 << 20, nullptr), CXR_EEXIST);
+  cxr_heap_close(h);
+  cxr_heap_unlink(name.c_str());
+}
+
+TEST(Heap, FullHeapGivesEnomemAndRecovers) {
+  std::string name = uniq("full");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, nullptr), 0);
+  std::vector<void *> ps;
+  for (int i = 0; i < 100000; i++) {
+    void *p = cxr_heap_alloc(h, 1000);
+    if (!p) break;
+    ps.push_back(p);
+  }
+  EXPECT_EQ(cxr_last_error(), CXR_ENOMEM);
+  EXPECT_GT(ps.size(), 500u);
+  EXPECT_EQ(cxr_heap_alloc_pages(h, 1 << 20), nullptr);
+  EXPECT_EQ(cxr_last_error(), CXR_ENOMEM);
+  for (void *p : ps) cxr_heap_free(h, p);
+  cxr_heap_stats st;
+  cxr_heap_stats(h, &st);
+  EXPECT_EQ(st.used, 0u);
+  // Free slabs went back to pages when the lease went: a big run fits again after reopen.
+  cxr_heap_close(h);
+  ASSERT_EQ(cxr_heap_open(&h, name.c_str()), 0);
+  void *big = cxr_heap_alloc_pages(h, 512 << 10);
+  EXPECT_NE(big, nullptr);
+  cxr_heap_free(h, big);
+  cxr_heap_close(h);
+  cxr_heap_unlink(name.c_str());
+}
+
+// A linked structure built by one process, walked by another at the same address.
+struct Node {
+  Node *next;
+  uint64_t value;
+};
+
+TEST(Heap, TwoProcessesFollowEachOthersPointers) {
+  std::string name = uniq("share");
+  cxr_heap *h = nullptr;
+  cxr_heap_opts o;
+  cxr_heap_opts_init(&o);
+  o.remove_on_last_close = true;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, &o), 0);
+  Node *head = nullptr;
+  uint64_t sum = 0;
+  for (uint64_t i = 1; i <= 1000; i++) {
+    Node *n = (Node *)cxr_heap_alloc(h, sizeof(Node));
+    ASSERT_NE(n, nullptr);
+    n->value = i * 7;
+    n->next = head;
+    head = n;
+    sum += n->value;
+  }
+  ASSERT_EQ(cxr_heap_set_root(h, head), 0);
+  uintptr_t base = (uintptr_t)cxr_heap_base(h);
+
+  // The child opens by name (a fresh mapping would do the same after exec), checks the
+  // address, walks the list, then builds its own list for the parent.
+  pid_t pid = spawn([&]() -> int {
+    cxr_heap *c = nullptr;
+    if (cxr_heap_open(&c, name.c_str()) != 0) return 10;
+    if ((uintptr_t)cxr_heap_base(c) != base) return 11;
+    uint64_t s = 0;
+    for (Node *n = (Node *)cxr_heap_get_root(c); n; n = n->next) {
+      if (!cxr_heap_contains(c, n, sizeof *n)) return 12;
+      s += n->value;
+    }
+    if (s != sum) return 13;
+    Node *mine = nullptr;
+    for (uint64_t i = 0; i < 100; i++) {
+      Node *n = (Node *)cxr_heap_alloc(c, sizeof(Node));
+      if (!n) return 14;
+      n->value = i;
+      n->next = mine;
+      mine = n;
+    }
+    if (cxr_heap_adopt(c, mine) != 0) return 15;
+    cxr_heap_set_root(c, mine);
+    cxr_heap_close(c);
+    return 0;
+  });
+  ASSERT_EQ(wait_child(pid), 0);
+  uint64_t s = 0;
+  int count = 0;
+  for (Node *n = (Node *)cxr_heap_get_root(h); n; n = n->next, count++) s += n->value;
+  EXPECT_EQ(count, 100);
+  EXPECT_EQ(s, 4950u);
+  // The child closed cleanly: what it allocated stays allocated (it is still reachable).
+  cxr_heap_stats st;
+  cxr_heap_stats(h, &st);
+  EXPECT_EQ(st.holders, 1u);
+  EXPECT_GE(st.used, 1100 * sizeof(Node));
+  cxr_heap_close(h);
+  // Last holder gone: nothing left under the root.
+  EXPECT_TRUE(list_dir(g_root).empty()) << list_dir(g_root).size();
+}

@@ -1,0 +1,85 @@
+// Helpers for the shm suites: a CXRPC_ROOT of the test's own, forked children with a
+// bounded wait, unique names.
+#ifndef CXRPC_TESTS_SHM_UTIL_H
+#define CXRPC_TESTS_SHM_UTIL_H
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cxrpc/shm.h>
+
+namespace shmtest {
+
+// The root of this test binary: $TEST_TMPDIR/<tag>; set before the first cxr_* call.
+inline std::string setup_root(const char *tag) {
+  const char *t = getenv("TEST_TMPDIR");
+  std::string root = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid());
+  mkdir(root.c_str(), 0777);
+  setenv("CXRPC_ROOT", root.c_str(), 1);
+  return root;
+}
+
+inline std::string uniq(const char *base) {
+  static int n;
+  return std::string(base) + "-" + std::to_string(getpid()) + "-" + std::to_string(++n);
+}
+
+// Runs fn in a child process; its return value is the exit status.
+inline pid_t spawn(const std::function<int()> &fn) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int rc = fn();
+    _exit(rc);
+  }
+  return pid;
+}
+
+// Waits at most timeout_ms; kills the child on timeout. Returns its exit status, 128+sig
+// when killed by a signal, or -1 on timeout.
+inline int wait_child(pid_t pid, int timeout_ms = 20000) {
+  for (int waited = 0;; waited += 5) {
+    int st;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (r < 0) return -2;
+    if (waited >= timeout_ms) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    usleep(5000);
+  }
+}
+
+// Files in a folder (without . and ..).
+inline std::vector<std::string> list_dir(const std::string &dir) {
+  std::vector<std::string> out;
+  DIR *d = opendir(dir.c_str());
+  if (!d) return out;
+  while (struct dirent *e = readdir(d))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) out.push_back(e->d_name);
+  closedir(d);
+  return out;
+}
+
+inline uint64_t fnv(const void *p, size_t n, uint64_t h = 1469598103934665603ull) {
+  const unsigned char *c = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace shmtest
+#endif
