@@ -1,0 +1,595 @@
+/* Endpoints: cold connects (UCX client-server + a hello), the fast-connect directory of
+ * known hosts (worker address, exports) and its pool of ready endpoints, the listener,
+ * failures and closing. Rule: never call UCX while holding r->lock (UCX callbacks take it
+ * under the worker's own lock). */
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rdma/internal.h"
+
+int cxr__parse_hostport(const char *s, struct sockaddr_in *sa);
+
+#define HELLO_MAGIC 0x63787268u /* "cxrh" */
+#define HELLO_VERSION 1u
+
+typedef struct hello_req {
+  uint32_t magic, version;
+  uint64_t token;
+} hello_req;
+
+typedef struct hello_rep {
+  uint32_t magic, version;
+  uint64_t token;
+  uint32_t waddr_len, nexps;
+} hello_rep;
+
+typedef struct exp_wire {
+  char name[EXPORT_NAME_MAX + 1];
+  uint64_t base, len;
+  uint32_t rlen, pad;
+} exp_wire;
+
+struct hello_wait {
+  struct hello_wait *next;
+  uint64_t token;
+  atomic_int done;
+  hello_rep rep;
+  void *data;
+  size_t dlen;
+};
+
+/* ---- server side: accept and answer hellos ---- */
+
+static cxr_rdma_ep *ep_new(cxr_rdma *r, const char *host) {
+  cxr_rdma_ep *ep = calloc(1, sizeof *ep);
+  if (ep == NULL) return NULL;
+  ep->r = r;
+  snprintf(ep->host, sizeof ep->host, "%s", host ? host : "");
+  return ep;
+}
+
+static void ep_link(cxr_rdma_ep *ep) {
+  cxr_rdma *r = ep->r;
+  pthread_mutex_lock(&r->lock);
+  ep->next = r->eps;
+  r->eps = ep;
+  pthread_mutex_unlock(&r->lock);
+}
+
+/* Removes ep from r->eps; false if it was not there (already gone). */
+static bool ep_unlink(cxr_rdma_ep *ep) {
+  cxr_rdma *r = ep->r;
+  bool found = false;
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_ep **pp = &r->eps; *pp; pp = &(*pp)->next) {
+    if (*pp == ep) {
+      *pp = ep->next;
+      found = true;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&r->lock);
+  return found;
+}
+
+void cxr__conn_cb(ucp_conn_request_h req, void *arg) {
+  cxr_rdma *r = arg;
+  char peer[HOSTKEY_MAX] = "";
+  ucp_conn_request_attr_t a = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
+  if (ucp_conn_request_query(req, &a) == UCS_OK && a.client_address.ss_family == AF_INET) {
+    struct sockaddr_in *sa = (struct sockaddr_in *)&a.client_address;
+    char ip[32];
+    inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
+    snprintf(peer, sizeof peer, "%s:%u", ip, ntohs(sa->sin_port));
+  }
+  cxr_rdma_ep *ep = ep_new(r, peer);
+  if (ep == NULL) {
+    ucp_listener_reject(r->listener, req);
+    return;
+  }
+  ep->server_side = true;
+  ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST |
+                                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                     UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                       .conn_request = req,
+                       .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                       .err_handler = {.cb = cxr__ep_err_cb, .arg = ep}};
+  ucs_status_t st = ucp_ep_create(r->worker, &p, &ep->uep);
+  if (st != UCS_OK) {
+    CXR_WARN("rdma: cannot accept %s: %s", peer, ucs_status_string(st));
+    free(ep);
+    return;
+  }
+  ep_link(ep);
+  CXR_DEBUG("rdma: accepted %s", peer);
+}
+
+void cxr__hello_server(cxr_rdma_msg *m, void *user) {
+  cxr_rdma *r = m->r;
+  hello_req rq;
+  if (m->hlen != sizeof rq) return;
+  memcpy(&rq, m->hdr, sizeof rq);
+  if (rq.magic != HELLO_MAGIC || rq.version != HELLO_VERSION) return;
+  ucp_address_t *wa = NULL;
+  size_t walen = 0;
+  if (ucp_worker_get_address(r->worker, &wa, &walen) != UCS_OK) return;
+  /* Snapshot the exports under the lock, then send without it. */
+  size_t cap = walen + 8, n = 0;
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_mr *mr = r->mrs; mr; mr = mr->next)
+    if (mr->exported) cap += sizeof(exp_wire) + ((mr->rkey_len + 7) & ~(size_t)7);
+  char *buf = malloc(cap);
+  size_t off = 0;
+  if (buf != NULL) {
+    memcpy(buf, wa, walen);
+    off = (walen + 7) & ~(size_t)7;
+    for (cxr_rdma_mr *mr = r->mrs; mr; mr = mr->next) {
+      if (!mr->exported) continue;
+      exp_wire w = {.base = (uint64_t)(uintptr_t)mr->p, .len = mr->len,
+                    .rlen = (uint32_t)mr->rkey_len};
+      snprintf(w.name, sizeof w.name, "%s", mr->name);
+      memcpy(buf + off, &w, sizeof w);
+      off += sizeof w;
+      memcpy(buf + off, mr->rkey_buf, mr->rkey_len);
+      off += (mr->rkey_len + 7) & ~(size_t)7;
+      n++;
+    }
+  }
+  pthread_mutex_unlock(&r->lock);
+  ucp_worker_release_address(r->worker, wa);
+  if (buf == NULL) return;
+  hello_rep rep = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .token = rq.token,
+                   .waddr_len = (uint32_t)walen, .nexps = (uint32_t)n};
+  struct iovec iov = {buf, off};
+  int rc = cxr_rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, 0);
+  if (rc) CXR_DEBUG("rdma: hello reply failed: %s", cxr_strerror(rc));
+  free(buf);
+}
+
+/* Inline (inside UCX's callback): copy the answer to its waiter. */
+void cxr__hello_reply(cxr_rdma_msg *m, void *user) {
+  cxr_rdma *r = m->r;
+  hello_rep rep;
+  if (m->hlen != sizeof rep) return;
+  memcpy(&rep, m->hdr, sizeof rep);
+  pthread_mutex_lock(&r->lock);
+  for (struct hello_wait *w = r->hellos; w; w = w->next) {
+    if (w->token != rep.token || atomic_load(&w->done)) continue;
+    w->rep = rep;
+    w->data = malloc(m->dlen ? m->dlen : 1);
+    if (w->data) {
+      memcpy(w->data, m->data, m->dlen);
+      w->dlen = m->dlen;
+    }
+    atomic_store(&w->done, 1);
+    break;
+  }
+  pthread_mutex_unlock(&r->lock);
+}
+
+/* Parses and checks a hello answer (a peer is not trusted to send sane lengths). */
+static int parse_hello(struct hello_wait *w, void **waddr, size_t *walen, rdma_export **exps,
+                       unsigned *nexps) {
+  if (w->rep.magic != HELLO_MAGIC || w->rep.version != HELLO_VERSION || w->data == NULL)
+    return CXR_EPROTO;
+  const char *d = w->data;
+  size_t len = w->dlen, wl = w->rep.waddr_len;
+  if (wl == 0 || wl > len || w->rep.nexps > 4096) return CXR_EPROTO;
+  size_t off = (wl + 7) & ~(size_t)7;
+  rdma_export *e = calloc(w->rep.nexps ? w->rep.nexps : 1, sizeof *e);
+  void *wa = malloc(wl);
+  if (e == NULL || wa == NULL) {
+    free(e);
+    free(wa);
+    return CXR_ENOMEM;
+  }
+  memcpy(wa, d, wl);
+  unsigned i = 0;
+  for (; i < w->rep.nexps; i++) {
+    exp_wire x;
+    if (off > len || len - off < sizeof x) break;
+    memcpy(&x, d + off, sizeof x);
+    off += sizeof x;
+    if (x.rlen == 0 || x.rlen > len - off || x.len == 0 || x.base + x.len < x.base) break;
+    x.name[EXPORT_NAME_MAX] = '\0';
+    memcpy(e[i].name, x.name, sizeof e[i].name);
+    e[i].base = x.base;
+    e[i].len = x.len;
+    e[i].rlen = x.rlen;
+    e[i].rkey = malloc(x.rlen);
+    if (e[i].rkey == NULL) break;
+    memcpy(e[i].rkey, d + off, x.rlen);
+    off += ((size_t)x.rlen + 7) & ~(size_t)7;
+  }
+  if (i != w->rep.nexps) {
+    for (unsigned j = 0; j < i; j++) free(e[j].rkey);
+    free(e);
+    free(wa);
+    return CXR_EPROTO;
+  }
+  *waddr = wa;
+  *walen = wl;
+  *exps = e;
+  *nexps = i;
+  return 0;
+}
+
+/* Sends a hello on ep and waits for the answer; updates the directory entry for ep->host. */
+static int hello(cxr_rdma_ep *ep, int64_t deadline) {
+  cxr_rdma *r = ep->r;
+  struct hello_wait w = {0};
+  pthread_mutex_lock(&r->lock);
+  w.token = ++r->next_token ^ ((uint64_t)(uintptr_t)ep << 16);
+  w.next = r->hellos;
+  r->hellos = &w;
+  pthread_mutex_unlock(&r->lock);
+  hello_req rq = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .token = w.token};
+  int rc = cxr__am_send(r, ep->uep, AM_HELLO, UCP_AM_SEND_FLAG_REPLY, &rq, sizeof rq, NULL, 0,
+                        deadline, true);
+  if (rc == 0) {
+    atomic_fetch_add(&r->waiters, 1);
+    int64_t start = cxr_now_ns();
+    while (!atomic_load(&w.done) && !atomic_load(&ep->status) && cxr_now_ns() < deadline) {
+      if (ucp_worker_progress(r->worker) == 0 && cxr_now_ns() - start > 200000) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+      }
+    }
+    atomic_fetch_sub(&r->waiters, 1);
+  }
+  pthread_mutex_lock(&r->lock);
+  for (struct hello_wait **pp = &r->hellos; *pp; pp = &(*pp)->next)
+    if (*pp == &w) {
+      *pp = w.next;
+      break;
+    }
+  pthread_mutex_unlock(&r->lock);
+  if (rc == 0 && !atomic_load(&w.done))
+    rc = atomic_load(&ep->status) ? atomic_load(&ep->status) : CXR_ETIMEDOUT;
+  void *wa = NULL;
+  size_t walen = 0;
+  rdma_export *exps = NULL;
+  unsigned nexps = 0;
+  if (rc == 0) rc = parse_hello(&w, &wa, &walen, &exps, &nexps);
+  free(w.data);
+  if (rc) return rc;
+  /* Store what we learnt in the directory. */
+  rdma_export *old = NULL;
+  unsigned nold = 0;
+  void *oldwa = NULL;
+  pthread_mutex_lock(&r->lock);
+  rdma_host *h = r->hosts;
+  while (h && strcmp(h->key, ep->host)) h = h->next;
+  if (h == NULL && (h = calloc(1, sizeof *h)) != NULL) {
+    snprintf(h->key, sizeof h->key, "%s", ep->host);
+    h->next = r->hosts;
+    r->hosts = h;
+  }
+  if (h != NULL) {
+    old = h->exps;
+    nold = h->nexps;
+    oldwa = h->waddr;
+    h->exps = exps;
+    h->nexps = nexps;
+    h->waddr = wa;
+    h->waddr_len = walen;
+    h->valid = true;
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (h == NULL) {
+    old = exps;
+    nold = nexps;
+    oldwa = wa;
+    rc = CXR_ENOMEM;
+  }
+  for (unsigned i = 0; i < nold; i++) free(old[i].rkey);
+  free(old);
+  free(oldwa);
+  return rc;
+}
+
+/* ---- endpoints from a worker address (no round trip) ---- */
+
+static int ep_from_waddr(cxr_rdma *r, const char *key, const void *wa, cxr_rdma_ep **out) {
+  cxr_rdma_ep *ep = ep_new(r, key);
+  if (ep == NULL) return CXR_ENOMEM;
+  ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                     UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                       .address = wa,
+                       .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                       .err_handler = {.cb = cxr__ep_err_cb, .arg = ep}};
+  ucs_status_t st = ucp_ep_create(r->worker, &p, &ep->uep);
+  if (st != UCS_OK) {
+    free(ep);
+    return cxr__rdma_status(st);
+  }
+  ep_link(ep);
+  *out = ep;
+  return 0;
+}
+
+static void ep_destroy(cxr_rdma_ep *ep);
+
+/* Deferred: tops up the pool of ready endpoints for one host. */
+static void refill(void *arg) {
+  cxr_rdma_ep *probe = arg;  /* a heap copy of the key, in an ep-shaped box */
+  cxr_rdma *r = probe->r;
+  for (;;) {
+    void *wa = NULL;
+    pthread_mutex_lock(&r->lock);
+    rdma_host *h = r->hosts;
+    while (h && strcmp(h->key, probe->host)) h = h->next;
+    if (h && h->valid && h->npool < r->pool_target && h->waddr) {
+      wa = malloc(h->waddr_len);
+      if (wa) memcpy(wa, h->waddr, h->waddr_len);
+    }
+    if (h && !wa) h->refilling = false;
+    pthread_mutex_unlock(&r->lock);
+    if (wa == NULL) break;
+    cxr_rdma_ep *ep = NULL;
+    int rc = ep_from_waddr(r, probe->host, wa, &ep);
+    free(wa);
+    if (rc) break;
+    bool kept = false;
+    pthread_mutex_lock(&r->lock);
+    h = r->hosts;
+    while (h && strcmp(h->key, probe->host)) h = h->next;
+    if (h && h->valid && h->npool < r->pool_target) {
+      ep->pooled = true;
+      h->pool[h->npool++] = ep;
+      kept = true;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (!kept) {
+      ep_destroy(ep);
+      break;
+    }
+  }
+  free(probe);
+}
+
+static void schedule_refill(cxr_rdma *r, const char *key) {
+  pthread_mutex_lock(&r->lock);
+  rdma_host *h = r->hosts;
+  while (h && strcmp(h->key, key)) h = h->next;
+  bool go = h && h->valid && !h->refilling && h->npool < r->pool_target;
+  if (go) h->refilling = true;
+  pthread_mutex_unlock(&r->lock);
+  if (!go) return;
+  cxr_rdma_ep *probe = ep_new(r, key);
+  if (probe == NULL || cxr_rdma_defer(r, refill, probe) != 0) {
+    free(probe);
+    pthread_mutex_lock(&r->lock);
+    if (h) h->refilling = false;
+    pthread_mutex_unlock(&r->lock);
+  }
+}
+
+/* Takes a ready endpoint for a known host, or makes one from its worker address. */
+static cxr_rdma_ep *warm(cxr_rdma *r, const char *key) {
+  cxr_rdma_ep *ep = NULL;
+  void *wa = NULL;
+  pthread_mutex_lock(&r->lock);
+  rdma_host *h = r->hosts;
+  while (h && strcmp(h->key, key)) h = h->next;
+  if (h && h->valid) {
+    while (h->npool > 0 && ep == NULL) {
+      cxr_rdma_ep *e = h->pool[--h->npool];
+      e->pooled = false;
+      if (atomic_load(&e->status) == 0) ep = e;
+      else e->closing = true;  /* failed while pooled: its error job frees it */
+    }
+    if (ep == NULL && h->waddr && (wa = malloc(h->waddr_len)) != NULL)
+      memcpy(wa, h->waddr, h->waddr_len);
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (ep == NULL && wa != NULL) {
+    if (ep_from_waddr(r, key, wa, &ep) != 0) ep = NULL;
+  }
+  free(wa);
+  if (ep) schedule_refill(r, key);
+  return ep;
+}
+
+static int cold(cxr_rdma *r, const char *key, const struct sockaddr_in *sa, int64_t deadline,
+                cxr_rdma_ep **out) {
+  cxr_rdma_ep *ep = ep_new(r, key);
+  if (ep == NULL) return CXR_ENOMEM;
+  ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                     UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                       .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+                       .sockaddr = {.addr = (const struct sockaddr *)sa, .addrlen = sizeof *sa},
+                       .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                       .err_handler = {.cb = cxr__ep_err_cb, .arg = ep}};
+  ucs_status_t st = ucp_ep_create(r->worker, &p, &ep->uep);
+  if (st != UCS_OK) {
+    free(ep);
+    CXR_INFO("rdma: cannot connect to %s: %s", key, ucs_status_string(st));
+    return cxr__rdma_status(st) == CXR_EPEERDEAD ? CXR_ENOTCONN : cxr__rdma_status(st);
+  }
+  ep_link(ep);
+  int rc = hello(ep, deadline);
+  if (rc) {
+    /* Nobody answering at that address is "not connected", not a dead peer. */
+    if (rc == CXR_EPEERDEAD) rc = CXR_ENOTCONN;
+    CXR_INFO("rdma: connect to %s failed: %s", key, cxr_strerror(rc));
+    cxr_rdma_ep_close(ep);
+    return rc;
+  }
+  pthread_mutex_lock(&r->lock);
+  r->cold++;
+  pthread_mutex_unlock(&r->lock);
+  schedule_refill(r, key);
+  *out = ep;
+  return 0;
+}
+
+int cxr_rdma_connect(cxr_rdma *r, const char *hostport, int64_t deadline_ns,
+                     cxr_rdma_ep **out) {
+  if (out) *out = NULL;
+  if (r == NULL || hostport == NULL || out == NULL) return CXR_EINVAL;
+  if (strlen(hostport) >= HOSTKEY_MAX) return CXR_ENAMETOOLONG;
+  int64_t deadline = cxr__deadline(deadline_ns);
+  cxr_rdma_ep *ep = warm(r, hostport);
+  if (ep) {
+    pthread_mutex_lock(&r->lock);
+    r->warm++;
+    pthread_mutex_unlock(&r->lock);
+    *out = ep;
+    return 0;
+  }
+  struct sockaddr_in sa;
+  int rc = cxr__parse_hostport(hostport, &sa);
+  if (rc) return rc;
+  return cold(r, hostport, &sa, deadline, out);
+}
+
+int cxr_rdma_refresh(cxr_rdma_ep *ep, int64_t deadline_ns) {
+  if (ep == NULL || ep->server_side) return CXR_EINVAL;
+  int st = atomic_load(&ep->status);
+  if (st) return st;
+  return hello(ep, cxr__deadline(deadline_ns));
+}
+
+void cxr_rdma_forget(cxr_rdma *r, const char *hostport) {
+  if (r == NULL || hostport == NULL) return;
+  cxr_rdma_ep *drop[POOL_MAX];
+  unsigned n = 0;
+  pthread_mutex_lock(&r->lock);
+  for (rdma_host *h = r->hosts; h; h = h->next) {
+    if (strcmp(h->key, hostport)) continue;
+    h->valid = false;
+    while (h->npool) drop[n++] = h->pool[--h->npool];
+  }
+  pthread_mutex_unlock(&r->lock);
+  for (unsigned i = 0; i < n; i++) {
+    drop[i]->pooled = false;
+    cxr_rdma_ep_close(drop[i]);
+  }
+}
+
+/* ---- failures ---- */
+
+typedef struct err_arg {
+  cxr_rdma *r;
+  cxr_rdma_ep *ep;
+} err_arg;
+
+static void err_job(void *arg) {
+  err_arg a = *(err_arg *)arg;
+  free(arg);
+  cxr_rdma *r = a.r;
+  cxr_rdma_ep *ep = a.ep;
+  /* Still ours to handle? (a user close may have raced the failure) */
+  pthread_mutex_lock(&r->lock);
+  bool live = false;
+  for (cxr_rdma_ep *e = r->eps; e; e = e->next) live |= e == ep;
+  bool drop = live && (ep->server_side || ep->pooled || ep->closing);
+  if (drop && ep->pooled) {
+    for (rdma_host *h = r->hosts; h; h = h->next)
+      for (unsigned i = 0; i < h->npool; i++)
+        if (h->pool[i] == ep) h->pool[i] = h->pool[--h->npool];
+    ep->pooled = false;
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (drop) cxr_rdma_ep_close(ep);
+}
+
+void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
+  cxr_rdma_ep *ep = arg;
+  cxr_rdma *r = ep->r;
+  int err = cxr__rdma_status(status);
+  if (err == 0 || err == CXR_ECANCELED) err = CXR_ENOTCONN;
+  int zero = 0;
+  if (!atomic_compare_exchange_strong(&ep->status, &zero, err)) return;
+  if (ep->server_side)  /* a client went away: routine for a server */
+    CXR_DEBUG("rdma: client %s left: %s", ep->host, ucs_status_string(status));
+  else
+    CXR_WARN("rdma: endpoint to %s failed: %s (%s)", ep->host, cxr_strerror(err),
+             ucs_status_string(status));
+  if (!ep->server_side) {
+    /* The host (or the path to it) is gone: its pooled endpoints and worker address are
+     * stale, so the next connect must be cold. */
+    pthread_mutex_lock(&r->lock);
+    for (rdma_host *h = r->hosts; h; h = h->next)
+      if (!strcmp(h->key, ep->host)) h->valid = false;
+    pthread_mutex_unlock(&r->lock);
+  }
+  if (ep->on_err) ep->on_err(ep, err, ep->on_err_user);
+  err_arg *a = malloc(sizeof *a);
+  if (a == NULL) return;
+  a->r = r;
+  a->ep = ep;
+  if (cxr_rdma_defer(r, err_job, a) != 0) free(a);
+}
+
+int cxr_rdma_ep_status(const cxr_rdma_ep *ep) {
+  return ep ? atomic_load((_Atomic int *)&ep->status) : CXR_EINVAL;
+}
+const char *cxr_rdma_ep_host(const cxr_rdma_ep *ep) { return ep ? ep->host : ""; }
+
+int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *, int, void *), void *user) {
+  if (ep == NULL) return CXR_EINVAL;
+  ep->on_err_user = user;
+  ep->on_err = cb;
+  return 0;
+}
+
+/* ---- closing ---- */
+
+static void ep_destroy(cxr_rdma_ep *ep) {
+  cxr_rdma *r = ep->r;
+  ep_unlink(ep);
+  pthread_mutex_lock(&r->lock);
+  cxr_rdma_rkey *rk = ep->rkeys;
+  ep->rkeys = NULL;
+  pthread_mutex_unlock(&r->lock);
+  while (rk) {
+    cxr_rdma_rkey *n = rk->next;
+    ucp_rkey_destroy(rk->rk);
+    free(rk);
+    rk = n;
+  }
+  if (ep->uep) {
+    rdma_op *op = cxr__op_new();
+    if (op) {
+      bool dead = atomic_load(&ep->status) != 0;
+      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .cb.send = cxr__op_cb,
+                               .user_data = op,
+                               .flags = dead ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+      ucs_status_ptr_t sp = ucp_ep_close_nbx(ep->uep, &p);
+      /* A flush to a silent peer could take forever: bound it, then force. */
+      int rc = cxr__op_wait(r, sp, op, cxr_now_ns() + 200000000);
+      if (rc == CXR_ETIMEDOUT) CXR_DEBUG("rdma: close of %s did not finish", ep->host);
+    }
+  }
+  free(ep);
+}
+
+void cxr__ep_force_close(cxr_rdma_ep *ep) {
+  int zero = 0;
+  atomic_compare_exchange_strong(&ep->status, &zero, CXR_ENOTCONN);
+}
+
+void cxr_rdma_ep_close(cxr_rdma_ep *ep) {
+  if (ep == NULL) return;
+  ep_destroy(ep);
+}
+
+void cxr__eps_close_all(cxr_rdma *r) {
+  for (;;) {
+    pthread_mutex_lock(&r->lock);
+    cxr_rdma_ep *ep = r->eps;
+    for (rdma_host *h = r->hosts; h; h = h->next) h->npool = 0;
+    pthread_mutex_unlock(&r->lock);
+    if (ep == NULL) break;
+    ep_destroy(ep);
+  }
+}

@@ -1,0 +1,169 @@
+/* Private: the structures shared by the rdma/ files (not installed). */
+#ifndef CXRPC_RDMA_INTERNAL_H
+#define CXRPC_RDMA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <ucp/api/ucp.h>
+
+#include <cxrpc/rdma.h>
+#include "shm/log.h"
+
+/* Internal message ids (users get CXR_RDMA_AM_USER_MIN and above). */
+enum { AM_HELLO = 1, AM_HELLO_REPLY = 2 };
+enum { HOSTKEY_MAX = 80, EXPORT_NAME_MAX = 31, HDR_MAX = 1024, POOL_MAX = 8 };
+enum { CXR_RDMA_AM_INLINE = 1 };  /* internal flag: handler runs inside the UCX callback */
+
+struct cxr_rdma_msg {
+  cxr_rdma *r;
+  unsigned id;
+  ucp_ep_h reply_ep;  /* NULL when the sender asked for no reply */
+  void *hdr;
+  size_t hlen;
+  void *data;
+  size_t dlen;
+  bool kept;
+  bool owned;         /* hdr/data are our malloc'd copies */
+  struct cxr_rdma_msg *next;
+};
+
+typedef struct am_slot {
+  cxr_rdma *r;
+  unsigned id;
+  cxr_rdma_am_fn fn;
+  void *user;
+  int flags;
+} am_slot;
+
+typedef struct rdma_export {
+  char name[EXPORT_NAME_MAX + 1];
+  uint64_t base, len;
+  void *rkey;
+  size_t rlen;
+} rdma_export;
+
+/* What the directory knows about one host: its worker address and exports, and a pool of
+ * ready endpoints. Entries live until the object closes; `valid` drops when the host dies. */
+typedef struct rdma_host {
+  struct rdma_host *next;
+  char key[HOSTKEY_MAX];
+  void *waddr;
+  size_t waddr_len;
+  rdma_export *exps;
+  unsigned nexps;
+  cxr_rdma_ep *pool[POOL_MAX];
+  unsigned npool;
+  bool valid;
+  bool refilling;
+} rdma_host;
+
+struct cxr_rdma_rkey {
+  struct cxr_rdma_rkey *next;
+  cxr_rdma_ep *ep;
+  ucp_rkey_h rk;
+  char name[EXPORT_NAME_MAX + 1];
+  uint64_t base, len;
+};
+
+struct cxr_rdma_ep {
+  cxr_rdma *r;
+  ucp_ep_h uep;
+  char host[HOSTKEY_MAX];
+  _Atomic int status;
+  bool server_side;     /* accepted by our listener */
+  bool pooled;          /* sitting in a host's pool, not handed out */
+  bool closing;
+  void (*on_err)(cxr_rdma_ep *, int, void *);
+  void *on_err_user;
+  cxr_rdma_rkey *rkeys; /* protected by r->lock */
+  cxr_rdma_ep *next;    /* r->eps */
+};
+
+struct cxr_rdma_mr {
+  cxr_rdma *r;
+  void *p;
+  size_t len;
+  ucp_mem_h memh;
+  void *rkey_buf;
+  size_t rkey_len;
+  char name[EXPORT_NAME_MAX + 1];
+  bool exported;
+  bool cached;          /* in the registration cache (evictable when refs == 0) */
+  void *pin_base;
+  size_t pin_len;       /* bytes we pinned (0: not pinned) */
+  int refs;
+  uint64_t last_use;
+  cxr_rdma_mr *next;
+};
+
+typedef struct rdma_defer {
+  struct rdma_defer *next;
+  void (*fn)(void *);
+  void *user;
+} rdma_defer;
+
+struct cxr_rdma {
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  ucp_listener_h listener;
+  int port;
+  int efd;
+  pthread_t thread;
+  bool thread_started;
+  atomic_bool stop;
+  atomic_int waiters;
+  int64_t spin_ns;
+  unsigned pool_target;
+
+  pthread_mutex_t lock;    /* everything below */
+  am_slot am[CXR_RDMA_AM_MAX + 1];
+  rdma_defer *dq_head, *dq_tail;
+  cxr_rdma_msg *mq_head, *mq_tail;
+  rdma_host *hosts;
+  cxr_rdma_ep *eps;
+  cxr_rdma_mr *mrs;
+  struct hello_wait *hellos;
+  uint64_t next_token;
+  uint64_t use_clock;
+
+  int pin_mode;
+  size_t pin_budget, pinned, pinned_peak, registered;
+  uint64_t evictions, bounced, cold, warm;
+  pthread_mutex_t bounce_lock;
+  void *bounce;
+  size_t bounce_size;
+};
+
+/* worker.c */
+int cxr__rdma_status(ucs_status_t s);
+/* Waits for a request; ctx protocol in worker.c. */
+typedef struct rdma_op {
+  atomic_int state;   /* 0 pending, 1 done, 2 abandoned by the waiter */
+  ucs_status_t status;
+  uint64_t value;     /* atomics: compare/swap operand in, old value out */
+  void *hdr_copy;     /* freed with the op */
+} rdma_op;
+rdma_op *cxr__op_new(void);
+void cxr__op_cb(void *request, ucs_status_t status, void *user_data);
+/* 0, the op's error, or CXR_ETIMEDOUT (then the op belongs to its callback). */
+int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline_ns);
+int64_t cxr__deadline(int64_t deadline_ns);
+void cxr__wake(cxr_rdma *r);
+int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
+                 size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline_ns,
+                 bool wait);
+int cxr__am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user, int flags);
+
+/* ep.c */
+void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status);
+void cxr__hello_server(cxr_rdma_msg *m, void *user);
+void cxr__hello_reply(cxr_rdma_msg *m, void *user);
+void cxr__conn_cb(ucp_conn_request_h req, void *arg);
+void cxr__eps_close_all(cxr_rdma *r);
+void cxr__ep_force_close(cxr_rdma_ep *ep);
+
+/* mem.c */
+int cxr__pin_init(cxr_rdma *r, const cxr_rdma_opts *o);
+void cxr__pin_fini(cxr_rdma *r);
+
+#endif

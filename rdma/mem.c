@@ -1,0 +1,476 @@
+/* Memory: registration with UCP_MEM_MAP_NONBLOCK, the pinned-memory budget (a registration
+ * cache with LRU eviction and a pinned bounce buffer), exports and remote keys, and the
+ * one-sided operations. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "rdma/internal.h"
+
+static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+/* AUTO pins only where a device needs pinned memory: a verbs device without on-demand
+ * paging. Over TCP and shared memory nothing needs pinning. */
+static int resolve_pin_mode(int mode) {
+  if (mode != CXR_RDMA_PIN_AUTO) return mode;
+  cxr_rdma_dev_info d[4];
+  size_t n = 0;
+  char why[64];
+  if (cxr_rdma_devices(d, 4, &n, why, sizeof why) != 0 || n == 0) return CXR_RDMA_PIN_NEVER;
+  for (size_t i = 0; i < n && i < 4; i++)
+    if (!d[i].odp) return CXR_RDMA_PIN_ALWAYS;
+  return CXR_RDMA_PIN_NEVER;
+}
+
+/* Pins (mlock) a page-rounded range; caller holds r->lock and checked the budget. */
+static int pin(cxr_rdma *r, void *p, size_t len, void **base, size_t *plen) {
+  uintptr_t ps = page_size(), a = (uintptr_t)p & ~(ps - 1);
+  uintptr_t e = ((uintptr_t)p + len + ps - 1) & ~(ps - 1);
+  if (mlock((void *)a, e - a) != 0) return cxr__from_errno(errno);
+  *base = (void *)a;
+  *plen = e - a;
+  r->pinned += *plen;
+  if (r->pinned > r->pinned_peak) r->pinned_peak = r->pinned;
+  return 0;
+}
+
+static void unpin(cxr_rdma *r, cxr_rdma_mr *mr) {
+  if (mr->pin_len == 0) return;
+  munlock(mr->pin_base, mr->pin_len);
+  r->pinned -= mr->pin_len;
+  mr->pin_len = 0;
+}
+
+int cxr__pin_init(cxr_rdma *r, const cxr_rdma_opts *o) {
+  r->pin_mode = resolve_pin_mode(o->pin_mode);
+  r->pin_budget = o->pin_budget;
+  if (r->pin_mode != CXR_RDMA_PIN_ALWAYS) return 0;
+  size_t ps = page_size();
+  size_t b = o->bounce_size ? o->bounce_size : r->pin_budget / 8;
+  if (b > (1u << 20)) b = 1u << 20;
+  b &= ~(ps - 1);
+  if (b < ps || b > r->pin_budget) {
+    CXR_ERR("rdma: pin budget %zu too small for a bounce buffer", r->pin_budget);
+    return CXR_EINVAL;
+  }
+  r->bounce = mmap(NULL, b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (r->bounce == MAP_FAILED) {
+    r->bounce = NULL;
+    return CXR_ENOMEM;
+  }
+  void *base;
+  size_t plen;
+  int rc = pin(r, r->bounce, b, &base, &plen);
+  if (rc) {
+    CXR_ERR("rdma: cannot pin the bounce buffer: %s", cxr_strerror(rc));
+    munmap(r->bounce, b);
+    r->bounce = NULL;
+    return rc;
+  }
+  r->bounce_size = b;
+  return 0;
+}
+
+static void mr_free_locked(cxr_rdma *r, cxr_rdma_mr *mr, ucp_mem_h *memh, void **rkey) {
+  for (cxr_rdma_mr **pp = &r->mrs; *pp; pp = &(*pp)->next)
+    if (*pp == mr) {
+      *pp = mr->next;
+      break;
+    }
+  unpin(r, mr);
+  r->registered -= mr->len;
+  *memh = mr->memh;
+  *rkey = mr->rkey_buf;
+}
+
+void cxr__pin_fini(cxr_rdma *r) {
+  for (;;) {
+    pthread_mutex_lock(&r->lock);
+    cxr_rdma_mr *mr = r->mrs;
+    ucp_mem_h memh = NULL;
+    void *rk = NULL;
+    if (mr) mr_free_locked(r, mr, &memh, &rk);
+    pthread_mutex_unlock(&r->lock);
+    if (mr == NULL) break;
+    if (rk) ucp_rkey_buffer_release(rk);
+    if (memh) ucp_mem_unmap(r->ctx, memh);
+    free(mr);
+  }
+  if (r->bounce) {
+    munlock(r->bounce, r->bounce_size);
+    munmap(r->bounce, r->bounce_size);
+    r->pinned -= r->bounce_size;
+    r->bounce = NULL;
+  }
+}
+
+/* Makes room for `need` pinned bytes by dropping idle cached registrations, oldest first.
+ * Caller holds r->lock; the dropped ones are returned on *victims for unmapping. */
+static bool make_room(cxr_rdma *r, size_t need, cxr_rdma_mr **victims) {
+  while (r->pinned + need > r->pin_budget) {
+    cxr_rdma_mr *old = NULL;
+    for (cxr_rdma_mr *m = r->mrs; m; m = m->next)
+      if (m->cached && m->refs == 0 && m->pin_len && (!old || m->last_use < old->last_use))
+        old = m;
+    if (old == NULL) return false;
+    ucp_mem_h memh;
+    void *rk;
+    mr_free_locked(r, old, &memh, &rk);
+    old->next = *victims;
+    *victims = old;
+    r->evictions++;
+  }
+  return true;
+}
+
+static void free_victims(cxr_rdma *r, cxr_rdma_mr *v) {
+  while (v) {
+    cxr_rdma_mr *n = v->next;
+    if (v->rkey_buf) ucp_rkey_buffer_release(v->rkey_buf);
+    if (v->memh) ucp_mem_unmap(r->ctx, v->memh);
+    free(v);
+    v = n;
+  }
+}
+
+static size_t pinned_len(const void *p, size_t len) {
+  uintptr_t ps = page_size(), a = (uintptr_t)p & ~(ps - 1);
+  return (((uintptr_t)p + len + ps - 1) & ~(ps - 1)) - a;
+}
+
+static int reg(cxr_rdma *r, void *p, size_t len, bool cached, bool pack, cxr_rdma_mr **out) {
+  cxr_rdma_mr *mr = calloc(1, sizeof *mr);
+  if (mr == NULL) return CXR_ENOMEM;
+  mr->r = r;
+  mr->p = p;
+  mr->len = len;
+  mr->cached = cached;
+  cxr_rdma_mr *victims = NULL;
+  int rc = 0;
+  pthread_mutex_lock(&r->lock);
+  if (r->pin_mode == CXR_RDMA_PIN_ALWAYS) {
+    size_t need = pinned_len(p, len);
+    if (!make_room(r, need, &victims)) rc = CXR_EFULL;
+    else rc = pin(r, p, len, &mr->pin_base, &mr->pin_len);
+  }
+  if (rc == 0) r->registered += len;
+  pthread_mutex_unlock(&r->lock);
+  free_victims(r, victims);
+  if (rc) {
+    free(mr);
+    return rc;
+  }
+  ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                           UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                                           UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+                             .address = p,
+                             .length = len,
+                             .flags = UCP_MEM_MAP_NONBLOCK};
+  ucs_status_t st = ucp_mem_map(r->ctx, &mp, &mr->memh);
+  if (st == UCS_OK && pack) st = ucp_rkey_pack(r->ctx, mr->memh, &mr->rkey_buf, &mr->rkey_len);
+  if (st != UCS_OK) {
+    CXR_WARN("rdma: cannot register %zu bytes: %s", len, ucs_status_string(st));
+    if (mr->memh) ucp_mem_unmap(r->ctx, mr->memh);
+    pthread_mutex_lock(&r->lock);
+    unpin(r, mr);
+    r->registered -= len;
+    pthread_mutex_unlock(&r->lock);
+    free(mr);
+    return cxr__rdma_status(st);
+  }
+  pthread_mutex_lock(&r->lock);
+  mr->last_use = ++r->use_clock;
+  mr->next = r->mrs;
+  r->mrs = mr;
+  pthread_mutex_unlock(&r->lock);
+  *out = mr;
+  return 0;
+}
+
+int cxr_rdma_reg(cxr_rdma *r, void *p, size_t len, cxr_rdma_mr **mr) {
+  if (mr) *mr = NULL;
+  if (r == NULL || p == NULL || len == 0 || mr == NULL) return CXR_EINVAL;
+  return reg(r, p, len, false, true, mr);
+}
+
+int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma_mr **mr) {
+  if (mr) *mr = NULL;
+  if (r == NULL || name == NULL || !*name || p == NULL || len == 0 || mr == NULL)
+    return CXR_EINVAL;
+  if (strlen(name) > EXPORT_NAME_MAX) return CXR_ENAMETOOLONG;
+  pthread_mutex_lock(&r->lock);
+  bool dup = false;
+  for (cxr_rdma_mr *m = r->mrs; m; m = m->next) dup |= m->exported && !strcmp(m->name, name);
+  pthread_mutex_unlock(&r->lock);
+  if (dup) return CXR_EEXIST;
+  int rc = reg(r, p, len, false, true, mr);
+  if (rc) return rc;
+  pthread_mutex_lock(&r->lock);
+  snprintf((*mr)->name, sizeof (*mr)->name, "%s", name);
+  (*mr)->exported = true;
+  pthread_mutex_unlock(&r->lock);
+  return 0;
+}
+
+void cxr_rdma_dereg(cxr_rdma_mr *mr) {
+  if (mr == NULL) return;
+  cxr_rdma *r = mr->r;
+  ucp_mem_h memh;
+  void *rk;
+  pthread_mutex_lock(&r->lock);
+  mr_free_locked(r, mr, &memh, &rk);
+  pthread_mutex_unlock(&r->lock);
+  if (rk) ucp_rkey_buffer_release(rk);
+  if (memh) ucp_mem_unmap(r->ctx, memh);
+  free(mr);
+}
+
+int cxr_rdma_stats_get(const cxr_rdma *cr, cxr_rdma_stats *out) {
+  if (cr == NULL || out == NULL) return CXR_EINVAL;
+  cxr_rdma *r = (cxr_rdma *)cr;
+  pthread_mutex_lock(&r->lock);
+  *out = (cxr_rdma_stats){.pinned = r->pinned, .pinned_peak = r->pinned_peak,
+                          .pin_budget = r->pin_budget, .registered = r->registered,
+                          .evictions = r->evictions, .bounced = r->bounced,
+                          .cold_connects = r->cold, .warm_connects = r->warm,
+                          .pin_mode = r->pin_mode};
+  for (rdma_host *h = r->hosts; h; h = h->next) out->known_hosts += h->valid;
+  pthread_mutex_unlock(&r->lock);
+  return 0;
+}
+
+/* ---- remote keys ---- */
+
+int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **out, uint64_t *base,
+                  size_t *len) {
+  if (out) *out = NULL;
+  if (ep == NULL || name == NULL || out == NULL) return CXR_EINVAL;
+  cxr_rdma *r = ep->r;
+  void *blob = NULL;
+  rdma_export e = {0};
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_rkey *k = ep->rkeys; k; k = k->next)
+    if (!strcmp(k->name, name)) {
+      *out = k;
+      if (base) *base = k->base;
+      if (len) *len = k->len;
+      pthread_mutex_unlock(&r->lock);
+      return 0;
+    }
+  for (rdma_host *h = r->hosts; h && !blob; h = h->next) {
+    if (strcmp(h->key, ep->host)) continue;
+    for (unsigned i = 0; i < h->nexps; i++)
+      if (!strcmp(h->exps[i].name, name) && (blob = malloc(h->exps[i].rlen)) != NULL) {
+        e = h->exps[i];
+        memcpy(blob, e.rkey, e.rlen);
+        break;
+      }
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (blob == NULL) return CXR_ENOENT;
+  cxr_rdma_rkey *k = calloc(1, sizeof *k);
+  if (k == NULL) {
+    free(blob);
+    return CXR_ENOMEM;
+  }
+  ucs_status_t st = ucp_ep_rkey_unpack(ep->uep, blob, &k->rk);
+  free(blob);
+  if (st != UCS_OK) {
+    free(k);
+    return cxr__rdma_status(st);
+  }
+  k->ep = ep;
+  k->base = e.base;
+  k->len = e.len;
+  snprintf(k->name, sizeof k->name, "%s", name);
+  pthread_mutex_lock(&r->lock);
+  k->next = ep->rkeys;
+  ep->rkeys = k;
+  pthread_mutex_unlock(&r->lock);
+  *out = k;
+  if (base) *base = k->base;
+  if (len) *len = k->len;
+  return 0;
+}
+
+/* ---- one-sided operations ---- */
+
+static int check(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, size_t len) {
+  if (ep == NULL || rk == NULL || rk->ep != ep) return CXR_EINVAL;
+  if (raddr < rk->base || len > rk->len || raddr - rk->base > rk->len - len) return CXR_ERANGE;
+  return atomic_load(&ep->status);
+}
+
+/* A missed deadline: UCX cannot cancel a started transfer, so end the endpoint to make
+ * sure nothing touches the caller's buffer after we return. */
+static int finish(cxr_rdma_ep *ep, int rc) {
+  if (rc == CXR_ETIMEDOUT) {
+    cxr__ep_force_close(ep);
+    rdma_op *op = cxr__op_new();
+    if (op) {
+      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .cb.send = cxr__op_cb, .user_data = op,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+      ucs_status_ptr_t sp = ucp_ep_close_nbx(ep->uep, &p);
+      cxr__op_wait(ep->r, sp, op, cxr_now_ns() + 1000000000);
+      ep->uep = NULL;
+    }
+  }
+  return rc;
+}
+
+static int rma(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, size_t len,
+               bool is_put, int64_t deadline) {
+  rdma_op *op = cxr__op_new();
+  if (op == NULL) return CXR_ENOMEM;
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                           UCP_OP_ATTR_FIELD_USER_DATA,
+                           .cb.send = cxr__op_cb, .user_data = op};
+  ucs_status_ptr_t sp = is_put ? ucp_put_nbx(ep->uep, buf, len, raddr, rk->rk, &p)
+                               : ucp_get_nbx(ep->uep, buf, len, raddr, rk->rk, &p);
+  int rc = cxr__op_wait(ep->r, sp, op, deadline);
+  if (rc == 0 && is_put) {
+    /* A put is complete locally; flush so it is visible at the target on return. */
+    rdma_op *f = cxr__op_new();
+    if (f == NULL) return CXR_ENOMEM;
+    ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = cxr__op_cb, .user_data = f};
+    rc = cxr__op_wait(ep->r, ucp_ep_flush_nbx(ep->uep, &fp), f, deadline);
+  }
+  return finish(ep, rc);
+}
+
+/* Finds (or makes) a cached registration covering [p, p + len) and holds it. */
+static cxr_rdma_mr *rcache_get(cxr_rdma *r, void *p, size_t len) {
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_mr *m = r->mrs; m; m = m->next)
+    if ((char *)p >= (char *)m->p && (char *)p + len <= (char *)m->p + m->len) {
+      m->refs++;
+      m->last_use = ++r->use_clock;
+      pthread_mutex_unlock(&r->lock);
+      return m;
+    }
+  /* Leave room for the bounce buffer's share: a transfer bigger than what the budget can
+   * ever hold goes through it instead. */
+  bool fits = pinned_len(p, len) <= r->pin_budget - (r->bounce ? r->bounce_size : 0);
+  pthread_mutex_unlock(&r->lock);
+  if (!fits) return NULL;
+  cxr_rdma_mr *m = NULL;
+  if (reg(r, p, len, true, false, &m) != 0) return NULL;
+  pthread_mutex_lock(&r->lock);
+  m->refs++;
+  pthread_mutex_unlock(&r->lock);
+  return m;
+}
+
+static void rcache_put(cxr_rdma *r, cxr_rdma_mr *m) {
+  pthread_mutex_lock(&r->lock);
+  m->refs--;
+  pthread_mutex_unlock(&r->lock);
+}
+
+static int transfer(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, size_t len,
+                    bool is_put, int64_t deadline_ns) {
+  int rc = check(ep, rk, raddr, len);
+  if (rc) return rc;
+  if (len == 0) return 0;
+  if (buf == NULL) return CXR_EINVAL;
+  cxr_rdma *r = ep->r;
+  int64_t deadline = cxr__deadline(deadline_ns);
+  if (r->pin_mode != CXR_RDMA_PIN_ALWAYS) return rma(ep, rk, raddr, buf, len, is_put, deadline);
+  cxr_rdma_mr *m = rcache_get(r, buf, len);
+  if (m) {
+    rc = rma(ep, rk, raddr, buf, len, is_put, deadline);
+    rcache_put(r, m);
+    return rc;
+  }
+  /* Too big to pin within the budget: move it through the pinned bounce buffer. */
+  pthread_mutex_lock(&r->bounce_lock);
+  for (size_t off = 0; off < len && rc == 0; off += r->bounce_size) {
+    size_t n = len - off < r->bounce_size ? len - off : r->bounce_size;
+    if (is_put) memcpy(r->bounce, (char *)buf + off, n);
+    rc = rma(ep, rk, raddr + off, r->bounce, n, is_put, deadline);
+    if (rc == 0 && !is_put) memcpy((char *)buf + off, r->bounce, n);
+  }
+  pthread_mutex_unlock(&r->bounce_lock);
+  pthread_mutex_lock(&r->lock);
+  if (rc == 0) r->bounced += len;
+  pthread_mutex_unlock(&r->lock);
+  return rc;
+}
+
+int cxr_rdma_put(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, const void *src,
+                 size_t len, int64_t deadline_ns) {
+  return transfer(ep, rk, raddr, (void *)src, len, true, deadline_ns);
+}
+
+int cxr_rdma_get(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *dst, size_t len,
+                 int64_t deadline_ns) {
+  return transfer(ep, rk, raddr, dst, len, false, deadline_ns);
+}
+
+/* Atomics: the operand and the reply live in the op (heap), never on our stack, so an
+ * abandoned op cannot write into a dead frame. For CSWAP, UCX takes the value to compare
+ * in `buffer` and the new value in `reply_buffer`, which receives the old value. */
+static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op_t opc,
+               uint64_t operand, uint64_t reply_in, uint64_t *old, int64_t deadline_ns) {
+  int rc = check(ep, rk, raddr, 8);
+  if (rc) return rc;
+  if (raddr % 8) return CXR_EINVAL;
+  typedef struct {
+    rdma_op op;
+    uint64_t operand, reply;
+  } amo_op;
+  amo_op *a = calloc(1, sizeof *a);
+  if (a == NULL) return CXR_ENOMEM;
+  a->operand = operand;
+  a->reply = reply_in;
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                           UCP_OP_ATTR_FIELD_USER_DATA |
+                                           UCP_OP_ATTR_FIELD_DATATYPE |
+                                           UCP_OP_ATTR_FIELD_REPLY_BUFFER,
+                           .cb.send = cxr__op_cb, .user_data = &a->op,
+                           .datatype = ucp_dt_make_contig(8), .reply_buffer = &a->reply};
+  ucs_status_ptr_t sp = ucp_atomic_op_nbx(ep->uep, opc, &a->operand, 1, raddr, rk->rk, &p);
+  /* cxr__op_wait frees the op (== a) unless abandoned; read the reply first. */
+  if (sp == NULL) {
+    if (old) *old = a->reply;
+    free(a);
+    return 0;
+  }
+  if (UCS_PTR_IS_ERR(sp)) {
+    free(a);
+    return finish(ep, cxr__rdma_status(UCS_PTR_STATUS(sp)));
+  }
+  atomic_fetch_add(&ep->r->waiters, 1);
+  int64_t deadline = cxr__deadline(deadline_ns), start = cxr_now_ns();
+  while (atomic_load(&a->op.state) == 0 && cxr_now_ns() < deadline)
+    if (ucp_worker_progress(ep->r->worker) == 0 && cxr_now_ns() - start > 200000) usleep(50);
+  atomic_fetch_sub(&ep->r->waiters, 1);
+  int expect = 0;
+  if (atomic_compare_exchange_strong(&a->op.state, &expect, 2)) return finish(ep, CXR_ETIMEDOUT);
+  rc = cxr__rdma_status(a->op.status);
+  if (rc == 0 && old) *old = a->reply;
+  free(a);
+  return rc;
+}
+
+int cxr_rdma_fadd64(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, uint64_t add,
+                    uint64_t *old, int64_t deadline_ns) {
+  return amo(ep, rk, raddr, UCP_ATOMIC_OP_ADD, add, 0, old, deadline_ns);
+}
+
+int cxr_rdma_cswap64(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, uint64_t expected,
+                     uint64_t desired, uint64_t *old, int64_t deadline_ns) {
+  return amo(ep, rk, raddr, UCP_ATOMIC_OP_CSWAP, expected, desired, old, deadline_ns);
+}
+
+int cxr_rdma_swap64(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, uint64_t value,
+                    uint64_t *old, int64_t deadline_ns) {
+  return amo(ep, rk, raddr, UCP_ATOMIC_OP_SWAP, value, 0, old, deadline_ns);
+}

@@ -1,0 +1,186 @@
+/*
+ * cxrpc/rdma.h: the cross-rack engine over UCX (RDMA where there is a device, TCP where
+ * there is none): a worker with its own progress thread, endpoints with fast connect,
+ * memory registration under a pinned-memory budget, one-sided get/put/64-bit atomics,
+ * active messages, and RDMA device discovery through rdma-core.
+ *
+ * Threads: every function may be called from any thread. Message handlers run on the
+ * object's progress thread (see cxr_rdma_am_fn).
+ *
+ * Fast connect (after KRCORE): the first connect to a host ("HOST:PORT") makes a UCX
+ * client-server endpoint and asks the host for its worker address and its exported memory
+ * (names, addresses, remote keys). That answer is kept in a per-object directory, and the
+ * progress thread keeps a small pool of ready endpoints to each known host, so a later
+ * connect to the same host takes an endpoint from the pool: no round trip.
+ *
+ * Pinned memory (after NP-RDMA): registrations use UCP_MEM_MAP_NONBLOCK (on-demand paging
+ * where the NIC offers it). Where a transport needs pinned memory, or with
+ * CXR_RDMA_PIN_ALWAYS, pinned bytes stay under a fixed budget: a registration cache that
+ * evicts idle registrations, and bounce buffers for transfers that do not fit.
+ */
+#ifndef CXRPC_RDMA_H
+#define CXRPC_RDMA_H
+
+#include <sys/uio.h>
+
+#include <cxrpc/base.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cxr_rdma cxr_rdma;           /* UCX context + worker + progress thread */
+typedef struct cxr_rdma_ep cxr_rdma_ep;     /* a logical connection to one host */
+typedef struct cxr_rdma_mr cxr_rdma_mr;     /* local memory registered (and maybe exported) */
+typedef struct cxr_rdma_rkey cxr_rdma_rkey; /* remote memory, usable on one endpoint */
+typedef struct cxr_rdma_msg cxr_rdma_msg;   /* a received active message */
+
+enum cxr_rdma_pin_mode {
+  CXR_RDMA_PIN_AUTO = 0,   /* pin only where the transport cannot page on demand */
+  CXR_RDMA_PIN_ALWAYS = 1, /* pin (mlock) every registration, under the budget */
+  CXR_RDMA_PIN_NEVER = 2,  /* never pin; registrations rely on on-demand paging */
+};
+
+typedef struct cxr_rdma_opts {
+  const char *listen;  /* "ADDR:PORT" to accept connections (port 0: any); NULL: none */
+  size_t pin_budget;   /* bytes this object may keep pinned; default $CXRPC_RDMA_PIN_BUDGET
+                          or 64 MiB */
+  int pin_mode;        /* enum cxr_rdma_pin_mode; default $CXRPC_RDMA_PIN (auto|always|never) */
+  size_t bounce_size;  /* pinned bounce buffer (part of the budget); default budget/8, at
+                          most 1 MiB */
+  int64_t spin_ns;     /* the progress thread busy-polls this long after the last event,
+                          then sleeps on the worker's event fd; default 2 ms */
+  unsigned pool;       /* ready endpoints kept per known host; default 2 */
+} cxr_rdma_opts;
+
+void cxr_rdma_opts_init(cxr_rdma_opts *o);
+int cxr_rdma_open(cxr_rdma **r, const cxr_rdma_opts *o);
+/* Closes every endpoint, stops the progress thread, unregisters memory. */
+void cxr_rdma_close(cxr_rdma *r);
+/* The port the listener is bound to (0 when not listening). */
+int cxr_rdma_port(const cxr_rdma *r);
+
+/* ---- endpoints ---- */
+
+/* Connects to "HOST:PORT" (an IPv4 address or a name). Within deadline_ns (absolute,
+ * cxr_now_ns() clock; 0 = 2 s from now). A known host costs no round trip.
+ * Errors: CXR_ENOENT (unknown host name), CXR_ENOTCONN (refused or unreachable),
+ * CXR_ETIMEDOUT, CXR_EPROTO (not a cxrpc peer). */
+int cxr_rdma_connect(cxr_rdma *r, const char *hostport, int64_t deadline_ns,
+                     cxr_rdma_ep **ep);
+/* 0 while usable; else the code that ended it (CXR_EPEERDEAD when the peer died,
+ * CXR_ENOTCONN when the link failed). */
+int cxr_rdma_ep_status(const cxr_rdma_ep *ep);
+const char *cxr_rdma_ep_host(const cxr_rdma_ep *ep);
+/* cb runs once on the progress thread when the endpoint fails (not on a close). */
+int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *ep, int err, void *user),
+                         void *user);
+void cxr_rdma_ep_close(cxr_rdma_ep *ep);
+/* Forgets what the directory knows about a host (its next connect is cold). */
+void cxr_rdma_forget(cxr_rdma *r, const char *hostport);
+
+/* ---- active messages ---- */
+
+enum { CXR_RDMA_AM_USER_MIN = 16, CXR_RDMA_AM_MAX = 255 };
+
+/* A handler runs on the progress thread, outside UCX callbacks: it may block briefly,
+ * send (cxr_rdma_reply) and keep the message with cxr_rdma_msg_keep; otherwise the
+ * message is freed when it returns. Header and data are copies, aligned to 16 bytes. */
+typedef void (*cxr_rdma_am_fn)(cxr_rdma_msg *m, void *user);
+/* id in [CXR_RDMA_AM_USER_MIN, CXR_RDMA_AM_MAX]. fn NULL removes the handler. */
+int cxr_rdma_am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user);
+/* Sends header (<= 1 KiB) and the data gathered from iov; returns once UCX no longer needs
+ * the buffers, or at the deadline (absolute; 0 = 2 s). */
+int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
+                     const struct iovec *iov, size_t niov, int64_t deadline_ns);
+/* Same, without waiting: the header is copied, the data must stay valid until the
+ * message is sent (or the endpoint is closed). */
+int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
+                     const struct iovec *iov, size_t niov);
+/* Answers a message on the endpoint it came from. Same contract as cxr_rdma_am_send. */
+int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                   const struct iovec *iov, size_t niov, int64_t deadline_ns);
+unsigned cxr_rdma_msg_id(const cxr_rdma_msg *m);
+const void *cxr_rdma_msg_hdr(const cxr_rdma_msg *m, size_t *len);
+const void *cxr_rdma_msg_data(const cxr_rdma_msg *m, size_t *len);
+/* Keeps the message after the handler returns; the owner frees it with cxr_rdma_msg_free. */
+void cxr_rdma_msg_keep(cxr_rdma_msg *m);
+void cxr_rdma_msg_free(cxr_rdma_msg *m);
+
+/* Runs fn(user) on the progress thread soon (e.g. to answer a kept message later). */
+int cxr_rdma_defer(cxr_rdma *r, void (*fn)(void *user), void *user);
+
+/* ---- memory ---- */
+
+/* Registers [p, p + len) for remote access (UCP_MEM_MAP_NONBLOCK). Counts against the pin
+ * budget when pinning applies; CXR_EFULL when it cannot fit even after evicting idle
+ * registrations. */
+int cxr_rdma_reg(cxr_rdma *r, void *p, size_t len, cxr_rdma_mr **mr);
+void cxr_rdma_dereg(cxr_rdma_mr *mr);
+/* Registers and advertises [p, p + len) under `name` (<= 31 chars) to every host that
+ * connects afterwards (and to earlier ones on cxr_rdma_refresh). */
+int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma_mr **mr);
+/* The remote key of a host's export by name, from the directory (no round trip once the
+ * host is known); *base and *len give the exported range. CXR_ENOENT if not exported. */
+int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **rk, uint64_t *base,
+                  size_t *len);
+/* Asks the host again for its exports (one round trip). */
+int cxr_rdma_refresh(cxr_rdma_ep *ep, int64_t deadline_ns);
+
+/* One-sided operations; all wait until done or the absolute deadline (0 = 2 s). A missed
+ * deadline ends the endpoint (CXR_ETIMEDOUT now, CXR_ENOTCONN afterwards): UCX cannot
+ * cancel a started transfer, and the local buffer must not be touched after return.
+ * Remote ranges are checked against the export before anything is sent (CXR_ERANGE). */
+int cxr_rdma_put(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, const void *src,
+                 size_t len, int64_t deadline_ns);
+int cxr_rdma_get(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *dst, size_t len,
+                 int64_t deadline_ns);
+int cxr_rdma_fadd64(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, uint64_t add,
+                    uint64_t *old, int64_t deadline_ns);
+/* Writes `desired` at raddr if it holds `expected`; *old gets what was there (equal to
+ * expected when the swap happened). */
+int cxr_rdma_cswap64(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, uint64_t expected,
+                     uint64_t desired, uint64_t *old, int64_t deadline_ns);
+int cxr_rdma_swap64(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, uint64_t value,
+                    uint64_t *old, int64_t deadline_ns);
+
+typedef struct cxr_rdma_stats {
+  size_t pinned;          /* bytes pinned now */
+  size_t pinned_peak;     /* most bytes ever pinned at once */
+  size_t pin_budget;
+  size_t registered;      /* bytes registered (pinned or not) */
+  uint64_t evictions;     /* idle registrations dropped to fit the budget */
+  uint64_t bounced;       /* bytes moved through bounce buffers */
+  uint64_t cold_connects, warm_connects;
+  unsigned known_hosts;
+  int pin_mode;           /* the mode in force (auto resolved to always or never) */
+} cxr_rdma_stats;
+int cxr_rdma_stats_get(const cxr_rdma *r, cxr_rdma_stats *out);
+
+/* ---- device discovery (rdma-core) ---- */
+
+typedef struct cxr_rdma_port_info {
+  unsigned num;
+  char state[16];       /* "active", "down", ... */
+  char link_layer[16];  /* "InfiniBand", "Ethernet" */
+  unsigned gids;        /* GID table length */
+  unsigned pkeys;       /* P_Key table length */
+} cxr_rdma_port_info;
+
+typedef struct cxr_rdma_dev_info {
+  char name[64];
+  char transport[16];
+  bool odp;             /* on-demand paging for RC (implicit or explicit) */
+  bool dc;              /* dynamically connected transport (mlx5) */
+  unsigned nports;
+  cxr_rdma_port_info ports[4];
+} cxr_rdma_dev_info;
+
+/* Fills up to max devices; *n gets how many exist (0 here: no device). A machine without
+ * RDMA support is not an error: it returns 0 with *n = 0 and *why says why (errno text). */
+int cxr_rdma_devices(cxr_rdma_dev_info *out, size_t max, size_t *n, char *why, size_t whylen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,555 @@
+/* The UCX context, the worker, its progress thread, active messages and request waits. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rdma/internal.h"
+
+int cxr__rdma_status(ucs_status_t s) {
+  switch (s) {
+    case UCS_OK: return 0;
+    /* Over TCP, UCX reports a peer killed mid-connection as a reset or (after its
+     * keepalive or a refused reconnect) an endpoint timeout: either way the peer is gone. */
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED: return CXR_EPEERDEAD;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_NOT_CONNECTED: return CXR_ENOTCONN;
+    case UCS_ERR_TIMED_OUT: return CXR_ETIMEDOUT;
+    case UCS_ERR_CANCELED: return CXR_ECANCELED;
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE: return CXR_ENOMEM;
+    case UCS_ERR_INVALID_PARAM: return CXR_EINVAL;
+    case UCS_ERR_UNSUPPORTED: return CXR_ENOSYS;
+    case UCS_ERR_NO_ELEM: return CXR_ENOENT;
+    default: return CXR_EIO;
+  }
+}
+
+int64_t cxr__deadline(int64_t d) { return d > 0 ? d : cxr_now_ns() + 2000000000; }
+
+void cxr_rdma_opts_init(cxr_rdma_opts *o) {
+  if (o == NULL) return;
+  memset(o, 0, sizeof *o);
+  o->pin_budget = 64u << 20;
+  const char *b = getenv("CXRPC_RDMA_PIN_BUDGET");
+  if (b != NULL && *b) {
+    char *end;
+    unsigned long long v = strtoull(b, &end, 0);
+    if (*end == 'k' || *end == 'K') v <<= 10;
+    else if (*end == 'm' || *end == 'M') v <<= 20;
+    else if (*end == 'g' || *end == 'G') v <<= 30;
+    if (v > 0) o->pin_budget = (size_t)v;
+  }
+  o->pin_mode = CXR_RDMA_PIN_AUTO;
+  const char *m = getenv("CXRPC_RDMA_PIN");
+  if (m != NULL && !strcmp(m, "always")) o->pin_mode = CXR_RDMA_PIN_ALWAYS;
+  if (m != NULL && !strcmp(m, "never")) o->pin_mode = CXR_RDMA_PIN_NEVER;
+  o->spin_ns = 2000000;
+  o->pool = 2;
+}
+
+/* ---- requests ---- */
+
+rdma_op *cxr__op_new(void) {
+  rdma_op *op = calloc(1, sizeof *op);
+  return op;
+}
+
+static void op_finish(rdma_op *op, ucs_status_t status) {
+  op->status = status;
+  int expect = 0;
+  if (!atomic_compare_exchange_strong(&op->state, &expect, 1)) {
+    /* The waiter gave up: the op is ours to free. */
+    free(op->hdr_copy);
+    free(op);
+  }
+}
+
+void cxr__op_cb(void *request, ucs_status_t status, void *user_data) {
+  op_finish(user_data, status);
+  ucp_request_free(request);
+}
+
+static void cpu_relax(void) { __asm__ __volatile__("pause" ::: "memory"); }
+
+int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline) {
+  if (p == NULL) {  /* completed in place */
+    free(op->hdr_copy);
+    free(op);
+    return 0;
+  }
+  if (UCS_PTR_IS_ERR(p)) {
+    free(op->hdr_copy);
+    free(op);
+    return cxr__rdma_status(UCS_PTR_STATUS(p));
+  }
+  atomic_fetch_add(&r->waiters, 1);
+  int64_t start = cxr_now_ns(), now = start;
+  /* Busy-poll the worker ourselves (the lowest latency); after a while, back off so a
+   * long wait (a link down) does not burn a core. */
+  while (atomic_load(&op->state) == 0 && now < deadline) {
+    if (ucp_worker_progress(r->worker) == 0) {
+      if (now - start > 200000) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+      } else {
+        cpu_relax();
+      }
+    }
+    now = cxr_now_ns();
+  }
+  atomic_fetch_sub(&r->waiters, 1);
+  int expect = 0;
+  if (atomic_compare_exchange_strong(&op->state, &expect, 2)) return CXR_ETIMEDOUT;
+  int rc = cxr__rdma_status(op->status);
+  free(op->hdr_copy);
+  free(op);
+  return rc;
+}
+
+/* ---- deferred work and messages, run by the progress thread ---- */
+
+void cxr__wake(cxr_rdma *r) { ucp_worker_signal(r->worker); }
+
+int cxr_rdma_defer(cxr_rdma *r, void (*fn)(void *), void *user) {
+  if (r == NULL || fn == NULL) return CXR_EINVAL;
+  rdma_defer *d = malloc(sizeof *d);
+  if (d == NULL) return CXR_ENOMEM;
+  d->fn = fn;
+  d->user = user;
+  d->next = NULL;
+  pthread_mutex_lock(&r->lock);
+  if (r->dq_tail) r->dq_tail->next = d; else r->dq_head = d;
+  r->dq_tail = d;
+  pthread_mutex_unlock(&r->lock);
+  cxr__wake(r);
+  return 0;
+}
+
+static void msg_enqueue(cxr_rdma *r, cxr_rdma_msg *m) {
+  pthread_mutex_lock(&r->lock);
+  m->next = NULL;
+  if (r->mq_tail) r->mq_tail->next = m; else r->mq_head = m;
+  r->mq_tail = m;
+  pthread_mutex_unlock(&r->lock);
+}
+
+void cxr_rdma_msg_free(cxr_rdma_msg *m) {
+  if (m == NULL) return;
+  if (m->owned) {
+    free(m->hdr);
+    free(m->data);
+  }
+  free(m);
+}
+
+static unsigned run_queued(cxr_rdma *r) {
+  unsigned n = 0;
+  for (;;) {
+    pthread_mutex_lock(&r->lock);
+    rdma_defer *d = r->dq_head;
+    cxr_rdma_msg *m = NULL;
+    if (d) {
+      r->dq_head = d->next;
+      if (!r->dq_head) r->dq_tail = NULL;
+    } else if ((m = r->mq_head) != NULL) {
+      r->mq_head = m->next;
+      if (!r->mq_head) r->mq_tail = NULL;
+    }
+    am_slot slot = m ? r->am[m->id] : (am_slot){0};
+    pthread_mutex_unlock(&r->lock);
+    if (d) {
+      d->fn(d->user);
+      free(d);
+    } else if (m) {
+      if (slot.fn) slot.fn(m, slot.user);
+      if (!m->kept) cxr_rdma_msg_free(m);
+    } else {
+      break;
+    }
+    n++;
+  }
+  return n;
+}
+
+/* ---- receiving active messages ---- */
+
+static void deliver(am_slot *s, cxr_rdma_msg *m) {
+  if (s->flags & CXR_RDMA_AM_INLINE) {
+    if (s->fn) s->fn(m, s->user);
+    cxr_rdma_msg_free(m);
+  } else {
+    msg_enqueue(s->r, m);
+  }
+}
+
+typedef struct rndv_ctx {
+  am_slot *slot;
+  cxr_rdma_msg *m;
+} rndv_ctx;
+
+static void rndv_done(void *request, ucs_status_t status, size_t length, void *user) {
+  rndv_ctx *c = user;
+  if (status == UCS_OK) deliver(c->slot, c->m);
+  else cxr_rdma_msg_free(c->m);
+  free(c);
+  ucp_request_free(request);
+}
+
+static void *copy16(const void *src, size_t len) {
+  void *p = NULL;
+  if (posix_memalign(&p, 16, len ? len : 16) != 0) return NULL;
+  if (len && src) memcpy(p, src, len);
+  return p;
+}
+
+static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_length,
+                               void *data, size_t length, const ucp_am_recv_param_t *param) {
+  am_slot *s = arg;
+  cxr_rdma *r = s->r;
+  cxr_rdma_msg *m = calloc(1, sizeof *m);
+  if (m == NULL) return UCS_OK;
+  m->r = r;
+  m->id = s->id;
+  m->owned = true;
+  m->reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+  m->hlen = header_length;
+  m->hdr = copy16(header, header_length);
+  if (m->hdr == NULL) goto drop;
+  m->dlen = length;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    m->data = copy16(NULL, length);
+    rndv_ctx *c = malloc(sizeof *c);
+    if (m->data == NULL || c == NULL) {
+      free(c);
+      goto drop;
+    }
+    c->slot = s;
+    c->m = m;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.recv_am = rndv_done,
+                             .user_data = c};
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(r->worker, data, m->data, length, &p);
+    if (sp == NULL) {
+      free(c);
+      deliver(s, m);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+      free(c);
+      goto drop;
+    }
+    return UCS_OK;
+  }
+  m->data = copy16(data, length);
+  if (m->data == NULL) goto drop;
+  deliver(s, m);
+  return UCS_OK;
+drop:
+  CXR_WARN("rdma: dropped a message (id %u, %zu bytes): out of memory", s->id, length);
+  cxr_rdma_msg_free(m);
+  return UCS_OK;
+}
+
+int cxr__am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user, int flags) {
+  pthread_mutex_lock(&r->lock);
+  r->am[id].r = r;
+  r->am[id].id = id;
+  r->am[id].fn = fn;
+  r->am[id].user = user;
+  r->am[id].flags = flags;
+  pthread_mutex_unlock(&r->lock);
+  ucp_am_handler_param_t hp = {
+      .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+      .id = id,
+      .flags = UCP_AM_FLAG_WHOLE_MSG,
+      .cb = am_recv_cb,
+      .arg = &r->am[id]};
+  ucs_status_t st = ucp_worker_set_am_recv_handler(r->worker, &hp);
+  return cxr__rdma_status(st);
+}
+
+int cxr_rdma_am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user) {
+  if (r == NULL || id < CXR_RDMA_AM_USER_MIN || id > CXR_RDMA_AM_MAX) return CXR_EINVAL;
+  return cxr__am_set(r, id, fn, user, 0);
+}
+
+unsigned cxr_rdma_msg_id(const cxr_rdma_msg *m) { return m ? m->id : 0; }
+const void *cxr_rdma_msg_hdr(const cxr_rdma_msg *m, size_t *len) {
+  if (m == NULL) return NULL;
+  if (len) *len = m->hlen;
+  return m->hdr;
+}
+const void *cxr_rdma_msg_data(const cxr_rdma_msg *m, size_t *len) {
+  if (m == NULL) return NULL;
+  if (len) *len = m->dlen;
+  return m->data;
+}
+void cxr_rdma_msg_keep(cxr_rdma_msg *m) {
+  if (m) m->kept = true;
+}
+
+/* ---- sending ---- */
+
+int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
+                 size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline,
+                 bool wait) {
+  if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && iov == NULL)) return CXR_EINVAL;
+  rdma_op *op = cxr__op_new();
+  if (op == NULL) return CXR_ENOMEM;
+  /* The header is copied so that a send abandoned at its deadline never reads a dead
+   * stack frame; UCX keeps pointing at it until the send completes. */
+  if (hlen) {
+    op->hdr_copy = malloc(hlen);
+    if (op->hdr_copy == NULL) {
+      free(op);
+      return CXR_ENOMEM;
+    }
+    memcpy(op->hdr_copy, hdr, hlen);
+  }
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                           UCP_OP_ATTR_FIELD_USER_DATA |
+                                           UCP_OP_ATTR_FIELD_FLAGS,
+                           .cb.send = cxr__op_cb,
+                           .user_data = op,
+                           .flags = flags};
+  const void *buf = NULL;
+  size_t count = 0;
+  if (niov == 1) {
+    buf = iov[0].iov_base;
+    count = iov[0].iov_len;
+  } else if (niov > 1) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_iov();
+    buf = iov;
+    count = niov;
+  }
+  ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
+  if (!wait) {
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+      free(op->hdr_copy);
+      free(op);
+      return sp == NULL ? 0 : cxr__rdma_status(UCS_PTR_STATUS(sp));
+    }
+    int expect = 0;  /* hand the op to its callback */
+    if (!atomic_compare_exchange_strong(&op->state, &expect, 2)) {
+      free(op->hdr_copy);
+      free(op);
+    }
+    return 0;
+  }
+  return cxr__op_wait(r, sp, op, deadline);
+}
+
+int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
+                     const struct iovec *iov, size_t niov, int64_t deadline_ns) {
+  if (ep == NULL || id < CXR_RDMA_AM_USER_MIN || id > CXR_RDMA_AM_MAX) return CXR_EINVAL;
+  int st = atomic_load(&ep->status);
+  if (st) return st;
+  return cxr__am_send(ep->r, ep->uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
+                      cxr__deadline(deadline_ns), true);
+}
+
+int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
+                     const struct iovec *iov, size_t niov) {
+  if (ep == NULL || id < CXR_RDMA_AM_USER_MIN || id > CXR_RDMA_AM_MAX) return CXR_EINVAL;
+  int st = atomic_load(&ep->status);
+  if (st) return st;
+  return cxr__am_send(ep->r, ep->uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, 0,
+                      false);
+}
+
+int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                   const struct iovec *iov, size_t niov, int64_t deadline_ns) {
+  if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) return CXR_EINVAL;
+  if (m->reply_ep == NULL) return CXR_ENOTCONN;
+  return cxr__am_send(m->r, m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
+                      cxr__deadline(deadline_ns), true);
+}
+
+/* ---- the progress thread ---- */
+
+static void *progress_main(void *arg) {
+  cxr_rdma *r = arg;
+  int64_t last = cxr_now_ns();
+  while (!atomic_load(&r->stop)) {
+    unsigned n = ucp_worker_progress(r->worker);
+    n += run_queued(r);
+    int64_t now = cxr_now_ns();
+    if (n) {
+      last = now;
+      continue;
+    }
+    if (atomic_load(&r->waiters) > 0) {
+      /* An application thread is polling the worker itself: stay out of its way. */
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+      continue;
+    }
+    if (now - last < r->spin_ns) {
+      cpu_relax();
+      continue;
+    }
+    ucs_status_t st = ucp_worker_arm(r->worker);
+    if (st == UCS_ERR_BUSY) continue;
+    pthread_mutex_lock(&r->lock);
+    bool queued = r->dq_head || r->mq_head;
+    pthread_mutex_unlock(&r->lock);
+    if (queued) continue;
+    struct pollfd pfd = {.fd = r->efd, .events = POLLIN};
+    poll(&pfd, 1, 100);
+    last = cxr_now_ns();
+  }
+  return NULL;
+}
+
+/* ---- open and close ---- */
+
+static int parse_hostport(const char *s, struct sockaddr_in *sa) {
+  char host[HOSTKEY_MAX];
+  const char *colon = strrchr(s, ':');
+  if (colon == NULL || colon == s || (size_t)(colon - s) >= sizeof host) return CXR_EINVAL;
+  memcpy(host, s, (size_t)(colon - s));
+  host[colon - s] = '\0';
+  char *end;
+  long port = strtol(colon + 1, &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535 || colon[1] == '\0') return CXR_EINVAL;
+  memset(sa, 0, sizeof *sa);
+  sa->sin_family = AF_INET;
+  sa->sin_port = htons((uint16_t)port);
+  if (inet_pton(AF_INET, host, &sa->sin_addr) == 1) return 0;
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  if (getaddrinfo(host, NULL, &hints, &res) != 0 || res == NULL) return CXR_ENOENT;
+  sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return 0;
+}
+
+int cxr__parse_hostport(const char *s, struct sockaddr_in *sa) { return parse_hostport(s, sa); }
+
+int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
+  if (out == NULL) return CXR_EINVAL;
+  *out = NULL;
+  cxr_rdma_opts def;
+  if (o == NULL) {
+    cxr_rdma_opts_init(&def);
+    o = &def;
+  }
+  if (o->pool > POOL_MAX || o->spin_ns < 0) return CXR_EINVAL;
+  struct sockaddr_in lsa;
+  if (o->listen != NULL) {
+    int rc = parse_hostport(o->listen, &lsa);
+    if (rc) return rc;
+  }
+  cxr_rdma *r = calloc(1, sizeof *r);
+  if (r == NULL) return CXR_ENOMEM;
+  pthread_mutex_init(&r->lock, NULL);
+  pthread_mutex_init(&r->bounce_lock, NULL);
+  r->spin_ns = o->spin_ns;
+  r->pool_target = o->pool;
+  r->efd = -1;
+  int rc = CXR_EIO;
+
+  ucp_config_t *cfg = NULL;
+  ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+  if (st != UCS_OK) goto fail;
+  ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+                     .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_AMO64 |
+                                 UCP_FEATURE_WAKEUP,
+                     .mt_workers_shared = 1};
+  st = ucp_init(&cp, cfg, &r->ctx);
+  ucp_config_release(cfg);
+  if (st != UCS_OK) {
+    CXR_ERR("rdma: ucp_init failed: %s", ucs_status_string(st));
+    goto fail;
+  }
+  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                            .thread_mode = UCS_THREAD_MODE_MULTI};
+  st = ucp_worker_create(r->ctx, &wp, &r->worker);
+  if (st != UCS_OK) {
+    CXR_ERR("rdma: ucp_worker_create failed: %s", ucs_status_string(st));
+    goto fail;
+  }
+  st = ucp_worker_get_efd(r->worker, &r->efd);
+  if (st != UCS_OK) goto fail;
+  rc = cxr__pin_init(r, o);
+  if (rc) goto fail;
+  rc = cxr__am_set(r, AM_HELLO, cxr__hello_server, NULL, 0);
+  if (!rc) rc = cxr__am_set(r, AM_HELLO_REPLY, cxr__hello_reply, NULL, CXR_RDMA_AM_INLINE);
+  if (rc) goto fail;
+  if (o->listen != NULL) {
+    ucp_listener_params_t lp = {
+        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+        .sockaddr = {.addr = (const struct sockaddr *)&lsa, .addrlen = sizeof lsa},
+        .conn_handler = {.cb = cxr__conn_cb, .arg = r}};
+    st = ucp_listener_create(r->worker, &lp, &r->listener);
+    if (st != UCS_OK) {
+      CXR_ERR("rdma: cannot listen on %s: %s", o->listen, ucs_status_string(st));
+      rc = st == UCS_ERR_BUSY ? CXR_EADDRINUSE : cxr__rdma_status(st);
+      goto fail;
+    }
+    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    if (ucp_listener_query(r->listener, &la) == UCS_OK)
+      r->port = ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
+  }
+  if (pthread_create(&r->thread, NULL, progress_main, r) != 0) {
+    rc = CXR_ENOMEM;
+    goto fail;
+  }
+  r->thread_started = true;
+  *out = r;
+  return 0;
+fail:
+  cxr_rdma_close(r);
+  return rc;
+}
+
+int cxr_rdma_port(const cxr_rdma *r) { return r ? r->port : 0; }
+
+void cxr_rdma_close(cxr_rdma *r) {
+  if (r == NULL) return;
+  if (r->thread_started) {
+    atomic_store(&r->stop, true);
+    cxr__wake(r);
+    pthread_join(r->thread, NULL);
+  }
+  if (r->listener) ucp_listener_destroy(r->listener);
+  if (r->worker) {
+    /* No more pool refills: every host is forgotten before the endpoints go. */
+    pthread_mutex_lock(&r->lock);
+    for (rdma_host *h = r->hosts; h; h = h->next) h->valid = false;
+    pthread_mutex_unlock(&r->lock);
+    run_queued(r);
+    cxr__eps_close_all(r);
+    run_queued(r);
+  }
+  cxr__pin_fini(r);
+  /* Messages and work nobody will run any more. */
+  while (r->mq_head) {
+    cxr_rdma_msg *m = r->mq_head;
+    r->mq_head = m->next;
+    cxr_rdma_msg_free(m);
+  }
+  while (r->dq_head) {
+    rdma_defer *d = r->dq_head;
+    r->dq_head = d->next;
+    free(d);
+  }
+  for (rdma_host *h = r->hosts, *n; h; h = n) {
+    n = h->next;
+    for (unsigned i = 0; i < h->nexps; i++) free(h->exps[i].rkey);
+    free(h->exps);
+    free(h->waddr);
+    free(h);
+  }
+  if (r->worker) ucp_worker_destroy(r->worker);
+  if (r->ctx) ucp_cleanup(r->ctx);
+  pthread_mutex_destroy(&r->lock);
+  pthread_mutex_destroy(&r->bounce_lock);
+  free(r);
+}

@@ -1,0 +1,117 @@
+// Real child processes for the rdma and netns tests: spawn a binary (optionally inside a
+// network namespace), read its "READY ..." line with a bound, and kill it at the end.
+#pragma once
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+namespace cxrt {
+
+struct Proc {
+  pid_t pid = -1;
+  int out = -1;   // its stdout
+  int in = -1;    // its stdin (closing it asks peers to exit)
+  std::string buf;
+
+  // Runs argv with extra environment entries ("K=V"); inside netns `ns` when not empty.
+  bool start(const std::vector<std::string> &argv, const std::vector<std::string> &env = {},
+             const std::string &ns = "") {
+    int po[2], pi[2];
+    if (pipe2(po, O_CLOEXEC) || pipe2(pi, O_CLOEXEC)) return false;
+    pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      dup2(po[1], 1);
+      dup2(pi[0], 0);
+      if (!ns.empty()) {
+        std::string path = "/var/run/netns/" + ns;
+        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+          perror("setns");
+          _exit(126);
+        }
+      }
+      for (auto &e : env) putenv(strdup(e.c_str()));
+      std::vector<char *> a;
+      for (auto &s : argv) a.push_back(strdup(s.c_str()));
+      a.push_back(nullptr);
+      execv(a[0], a.data());
+      perror("execv");
+      _exit(127);
+    }
+    close(po[1]);
+    close(pi[0]);
+    out = po[0];
+    in = pi[1];
+    return true;
+  }
+
+  // The next line of its stdout within timeout_ms ("" on timeout or EOF).
+  std::string line(int timeout_ms) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+      size_t nl = buf.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = buf.substr(0, nl);
+        buf.erase(0, nl + 1);
+        return l;
+      }
+      struct timespec t;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      long left = timeout_ms - ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
+      if (left <= 0) return "";
+      struct pollfd p = {out, POLLIN, 0};
+      if (poll(&p, 1, (int)left) <= 0) continue;
+      char b[4096];
+      ssize_t n = read(out, b, sizeof b);
+      if (n <= 0) return "";
+      buf.append(b, (size_t)n);
+    }
+  }
+
+  // Sends a line to its stdin.
+  bool say(const std::string &s) {
+    std::string l = s + "\n";
+    return write(in, l.data(), l.size()) == (ssize_t)l.size();
+  }
+
+  void kill9() {
+    if (pid > 0) kill(pid, SIGKILL);
+  }
+
+  // Closes its stdin, waits up to timeout_ms for it to exit, then kills it. Exit code or -1.
+  int stop(int timeout_ms = 3000) {
+    if (pid <= 0) return -1;
+    if (in >= 0) close(in), in = -1;
+    int st = 0;
+    for (int i = 0; i < timeout_ms / 10; i++) {
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    pid = -1;
+    return -1;
+  }
+
+  ~Proc() {
+    stop(1000);
+    if (out >= 0) close(out);
+  }
+};
+
+}  // namespace cxrt

@@ -1,0 +1,296 @@
+// The rdma engine between real processes over UCX on TCP (loopback): connects cold and
+// warm, active messages small and large, get/put/atomics on exported memory, errors for
+// unreachable hosts and dead peers, and the pinned-memory budget.
+#include <gtest/gtest.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <atomic>
+
+#include <string>
+#include <vector>
+
+#include <cxrpc/rdma.h>
+#include "tests/rdma/proc.h"
+
+namespace {
+
+const int64_t kSec = 1000000000;
+
+struct Peer {
+  cxrt::Proc p;
+  int port = 0;
+  uintptr_t mem = 0;
+  bool start() {
+    if (!p.start({"tests/rdma/rdma_peer", "serve", "127.0.0.1:0"})) return false;
+    std::string l = p.line(10000);
+    void *m = nullptr;
+    if (sscanf(l.c_str(), "READY %d %p", &port, &m) != 2) return false;
+    mem = (uintptr_t)m;
+    return true;
+  }
+  std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+struct Echo {
+  std::atomic<int> got{0};
+  std::vector<char> hdr, data;
+};
+
+void on_echo(cxr_rdma_msg *m, void *user) {
+  Echo *e = (Echo *)user;
+  size_t hl, dl;
+  const char *h = (const char *)cxr_rdma_msg_hdr(m, &hl);
+  const char *d = (const char *)cxr_rdma_msg_data(m, &dl);
+  e->hdr.assign(h, h + hl);
+  e->data.assign(d, d + dl);
+  e->got.fetch_add(1);
+}
+
+bool wait_for(std::atomic<int> &v, int n, int64_t ns) {
+  int64_t end = cxr_now_ns() + ns;
+  while (v.load() < n && cxr_now_ns() < end) usleep(100);
+  return v.load() >= n;
+}
+
+TEST(Rdma, ConnectColdThenWarmAndEchoMessages) {
+  Peer peer;
+  ASSERT_TRUE(peer.start());
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  Echo e;
+  ASSERT_EQ(cxr_rdma_am_set(r, 21, on_echo, &e), 0);
+  cxr_rdma_ep *ep;
+  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0);
+  // Small message.
+  const char hdr[] = "hello";
+  char data[100];
+  for (int i = 0; i < 100; i++) data[i] = (char)i;
+  struct iovec iov[2] = {{data, 40}, {data + 40, 60}};
+  ASSERT_EQ(cxr_rdma_am_send(ep, 20, hdr, sizeof hdr, iov, 2, 0), 0);
+  ASSERT_TRUE(wait_for(e.got, 1, 5 * kSec));
+  EXPECT_EQ(std::string(e.hdr.data()), "hello");
+  ASSERT_EQ(e.data.size(), 100u);
+  EXPECT_EQ(memcmp(e.data.data(), data, 100), 0);
+  // Large message (rendezvous).
+  std::vector<char> big(3 << 20);
+  for (size_t i = 0; i < big.size(); i++) big[i] = (char)(i * 7);
+  struct iovec bi = {big.data(), big.size()};
+  ASSERT_EQ(cxr_rdma_am_send(ep, 20, hdr, sizeof hdr, &bi, 1, 0), 0);
+  ASSERT_TRUE(wait_for(e.got, 2, 10 * kSec));
+  ASSERT_EQ(e.data.size(), big.size());
+  EXPECT_EQ(memcmp(e.data.data(), big.data(), big.size()), 0);
+  // A second logical connection to the known host is warm, and works.
+  usleep(100000);  // let the pool fill (not needed for correctness)
+  cxr_rdma_ep *ep2;
+  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep2), 0);
+  cxr_rdma_stats st;
+  ASSERT_EQ(cxr_rdma_stats_get(r, &st), 0);
+  EXPECT_EQ(st.cold_connects, 1u);
+  EXPECT_EQ(st.warm_connects, 1u);
+  EXPECT_EQ(st.known_hosts, 1u);
+  ASSERT_EQ(cxr_rdma_am_send(ep2, 20, hdr, sizeof hdr, iov, 1, 0), 0);
+  ASSERT_TRUE(wait_for(e.got, 3, 5 * kSec));
+  EXPECT_EQ(e.data.size(), 40u);
+  // Bad arguments.
+  EXPECT_EQ(cxr_rdma_am_send(ep, 3, hdr, sizeof hdr, nullptr, 0, 0), CXR_EINVAL);
+  EXPECT_EQ(cxr_rdma_am_send(nullptr, 20, hdr, sizeof hdr, nullptr, 0, 0), CXR_EINVAL);
+  EXPECT_EQ(cxr_rdma_am_set(r, 300, on_echo, &e), CXR_EINVAL);
+  cxr_rdma_ep_close(ep2);
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+}
+
+TEST(Rdma, OneSidedGetPutAndAtomicsOnExportedMemory) {
+  Peer peer;
+  ASSERT_TRUE(peer.start());
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  cxr_rdma_ep *ep;
+  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0);
+  cxr_rdma_rkey *rk;
+  uint64_t base;
+  size_t len;
+  EXPECT_EQ(cxr_rdma_rkey_get(ep, "nope", &rk, &base, &len), CXR_ENOENT);
+  ASSERT_EQ(cxr_rdma_rkey_get(ep, "mem", &rk, &base, &len), 0);
+  EXPECT_EQ(base, (uint64_t)peer.mem);
+  EXPECT_EQ(len, 4u << 20);
+  // get what the peer wrote
+  std::vector<unsigned char> b(8192);
+  ASSERT_EQ(cxr_rdma_get(ep, rk, base + 100, b.data(), b.size(), 0), 0);
+  for (size_t i = 0; i < b.size(); i++) ASSERT_EQ(b[i], (unsigned char)(100 + i)) << i;
+  // put then get back
+  for (size_t i = 0; i < b.size(); i++) b[i] = (unsigned char)(i * 3 + 1);
+  ASSERT_EQ(cxr_rdma_put(ep, rk, base + 4096, b.data(), b.size(), 0), 0);
+  std::vector<unsigned char> c(b.size());
+  ASSERT_EQ(cxr_rdma_get(ep, rk, base + 4096, c.data(), c.size(), 0), 0);
+  EXPECT_EQ(b, c);
+  // atomics on a word
+  uint64_t w = base + 64, old = 0, zero = 0;
+  ASSERT_EQ(cxr_rdma_put(ep, rk, w, &zero, 8, 0), 0);
+  ASSERT_EQ(cxr_rdma_fadd64(ep, rk, w, 5, &old, 0), 0);
+  EXPECT_EQ(old, 0u);
+  ASSERT_EQ(cxr_rdma_fadd64(ep, rk, w, 7, &old, 0), 0);
+  EXPECT_EQ(old, 5u);
+  // compare-and-swap that fails leaves the word alone and reports what is there
+  ASSERT_EQ(cxr_rdma_cswap64(ep, rk, w, 99, 1234, &old, 0), 0);
+  EXPECT_EQ(old, 12u);
+  ASSERT_EQ(cxr_rdma_cswap64(ep, rk, w, 12, 1234, &old, 0), 0);
+  EXPECT_EQ(old, 12u);
+  ASSERT_EQ(cxr_rdma_swap64(ep, rk, w, 77, &old, 0), 0);
+  EXPECT_EQ(old, 1234u);
+  uint64_t now = 0;
+  ASSERT_EQ(cxr_rdma_get(ep, rk, w, &now, 8, 0), 0);
+  EXPECT_EQ(now, 77u);
+  // ranges outside the export never leave this process
+  EXPECT_EQ(cxr_rdma_get(ep, rk, base + len - 4, b.data(), 8, 0), CXR_ERANGE);
+  EXPECT_EQ(cxr_rdma_get(ep, rk, base - 8, b.data(), 8, 0), CXR_ERANGE);
+  EXPECT_EQ(cxr_rdma_fadd64(ep, rk, base + len, 1, &old, 0), CXR_ERANGE);
+  EXPECT_EQ(cxr_rdma_fadd64(ep, rk, w + 1, 1, &old, 0), CXR_EINVAL);
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+}
+
+TEST(Rdma, UnreachableHostsFailClearlyWithinTheDeadline) {
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  cxr_rdma_ep *ep;
+  // A port nobody listens on.
+  int64_t t0 = cxr_now_ns();
+  int rc = cxr_rdma_connect(r, "127.0.0.1:1", t0 + 2 * kSec, &ep);
+  EXPECT_TRUE(rc == CXR_ENOTCONN || rc == CXR_ETIMEDOUT) << cxr_strerror(rc);
+  EXPECT_LT(cxr_now_ns() - t0, 3 * kSec);
+  EXPECT_EQ(cxr_rdma_connect(r, "no-such-host.invalid:7400", 0, &ep), CXR_ENOENT);
+  EXPECT_EQ(cxr_rdma_connect(r, "127.0.0.1", 0, &ep), CXR_EINVAL);
+  EXPECT_EQ(cxr_rdma_connect(r, "127.0.0.1:99999", 0, &ep), CXR_EINVAL);
+  EXPECT_EQ(ep, nullptr);
+  cxr_rdma_close(r);
+}
+
+struct Dead {
+  std::atomic<int> err{0};
+};
+void on_dead(cxr_rdma_ep *, int err, void *user) { ((Dead *)user)->err.store(err); }
+
+TEST(Rdma, KilledPeerEndsTheEndpointWithPeerDead) {
+  Peer peer;
+  ASSERT_TRUE(peer.start());
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  cxr_rdma_ep *ep;
+  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0);
+  Dead d;
+  ASSERT_EQ(cxr_rdma_ep_on_error(ep, on_dead, &d), 0);
+  peer.p.kill9();
+  // The failure shows within a bound, through the callback and the status.
+  int64_t end = cxr_now_ns() + 10 * kSec;
+  while (d.err.load() == 0 && cxr_now_ns() < end) {
+    cxr_rdma_am_post(ep, 20, "x", 1, nullptr, 0);
+    usleep(20000);
+  }
+  EXPECT_EQ(d.err.load(), CXR_EPEERDEAD);
+  EXPECT_EQ(cxr_rdma_ep_status(ep), CXR_EPEERDEAD);
+  EXPECT_EQ(cxr_rdma_am_send(ep, 20, "x", 1, nullptr, 0, 0), CXR_EPEERDEAD);
+  // The directory forgot the host: the next connect is cold, and fails.
+  cxr_rdma_ep *ep2 = nullptr;
+  EXPECT_NE(cxr_rdma_connect(r, peer.addr().c_str(), cxr_now_ns() + kSec, &ep2), 0);
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+}
+
+// Lines of /proc/self/status: VmLck is what the kernel says we pinned.
+size_t vm_locked() {
+  FILE *f = fopen("/proc/self/status", "r");
+  char l[256];
+  size_t kb = 0;
+  while (f && fgets(l, sizeof l, f))
+    if (sscanf(l, "VmLck: %zu kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb * 1024;
+}
+
+TEST(Rdma, PinnedBytesNeverExceedTheBudget) {
+  Peer peer;
+  ASSERT_TRUE(peer.start());
+  const size_t budget = 1 << 20;
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.pin_mode = CXR_RDMA_PIN_ALWAYS;
+  o.pin_budget = budget;
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, &o), 0);
+  size_t base_lck = vm_locked();
+  cxr_rdma_ep *ep;
+  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0);
+  cxr_rdma_rkey *rk;
+  uint64_t rb;
+  size_t rlen;
+  ASSERT_EQ(cxr_rdma_rkey_get(ep, "mem", &rk, &rb, &rlen), 0);
+  // Many distinct 256 KiB buffers: the cache must evict to stay under the budget.
+  std::vector<std::vector<unsigned char>> bufs(12, std::vector<unsigned char>(256 << 10));
+  for (int round = 0; round < 2; round++)
+    for (size_t i = 0; i < bufs.size(); i++) {
+      memset(bufs[i].data(), (int)(i + round), bufs[i].size());
+      ASSERT_EQ(cxr_rdma_put(ep, rk, rb + (i % 8) * (256 << 10), bufs[i].data(), bufs[i].size(),
+                             0), 0);
+      cxr_rdma_stats st;
+      cxr_rdma_stats_get(r, &st);
+      ASSERT_LE(st.pinned, budget);
+      ASSERT_LE(vm_locked(), base_lck + budget);
+    }
+  // A transfer bigger than the budget goes through the bounce buffer, intact.
+  std::vector<unsigned char> big(3 << 20), back(3 << 20);
+  for (size_t i = 0; i < big.size(); i++) big[i] = (unsigned char)(i * 13);
+  ASSERT_EQ(cxr_rdma_put(ep, rk, rb, big.data(), big.size(), 0), 0);
+  ASSERT_EQ(cxr_rdma_get(ep, rk, rb, back.data(), back.size(), 0), 0);
+  EXPECT_EQ(big, back);
+  cxr_rdma_stats st;
+  ASSERT_EQ(cxr_rdma_stats_get(r, &st), 0);
+  EXPECT_LE(st.pinned_peak, budget);
+  EXPECT_GT(st.evictions, 0u);
+  EXPECT_GE(st.bounced, 2 * big.size());
+  EXPECT_EQ(st.pin_mode, CXR_RDMA_PIN_ALWAYS);
+  // Exporting more than the budget is refused, not silently pinned.
+  std::vector<unsigned char> huge(2 << 20);
+  cxr_rdma_mr *mr;
+  EXPECT_EQ(cxr_rdma_export(r, "huge", huge.data(), huge.size(), &mr), CXR_EFULL);
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+  EXPECT_LE(vm_locked(), base_lck);
+}
+
+TEST(Rdma, NonPinnedRegistrationOfALargeRegionPinsNothing) {
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.pin_mode = CXR_RDMA_PIN_AUTO;  // no device without on-demand paging here: never pins
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, &o), 0);
+  size_t len = 256u << 20;
+  void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  cxr_rdma_mr *mr;
+  ASSERT_EQ(cxr_rdma_export(r, "big", p, len, &mr), 0);
+  EXPECT_EQ(cxr_rdma_export(r, "big", p, 4096, &mr), CXR_EEXIST);
+  cxr_rdma_stats st;
+  ASSERT_EQ(cxr_rdma_stats_get(r, &st), 0);
+  EXPECT_EQ(st.pinned, 0u);
+  EXPECT_EQ(st.registered, len);
+  EXPECT_EQ(st.pin_mode, CXR_RDMA_PIN_NEVER);
+  cxr_rdma_close(r);
+  munmap(p, len);
+}
+
+TEST(Rdma, DevicesReportNoneHereWithoutFailing) {
+  cxr_rdma_dev_info d[4];
+  size_t n = 99;
+  char why[128];
+  ASSERT_EQ(cxr_rdma_devices(d, 4, &n, why, sizeof why), 0);
+  if (n == 0) {
+    EXPECT_STRNE(why, "");
+  }
+  EXPECT_EQ(cxr_rdma_devices(nullptr, 4, &n, why, sizeof why), CXR_EINVAL);
+}
+
+}  // namespace
