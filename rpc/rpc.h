@@ -14,6 +14,21 @@
  * Targets: "name" (a channel in this pod's registry, over shared memory) or
  * "ucx://HOST:PORT/name" (a channel in another rack, over UCX).
  */
+/*
+ * Changes by the rpc/ implementation (see docs/rpc.md):
+ *  - cxr_future_wait: a wait whose own timeout_ns (0 = no limit) passes before the call
+ *    ends returns CXR_EAGAIN and leaves the call pending; the call's deadline gives
+ *    CXR_ETIMEDOUT and ends it.
+ *  - cxr_future_cancel returns CXR_EBUSY when the call had already ended (its outcome
+ *    stands). After cxr_future_then the callback receives the result; the future must
+ *    still be freed (from the callback is fine), not before the callback ran.
+ *  - Futures belong to their connection: free them before cxr_conn_close, which ends
+ *    calls still pending with CXR_ECLOSED (their callbacks run before it returns).
+ *  - cxr_channel_on must be called before cxr_channel_serve/start (CXR_EBUSY after).
+ *  - Added: inspection from outside the serving process (cxr_channel_list,
+ *    cxr_channel_inspect, with cxr_channel_info / cxr_conn_info) for cxrpcctl.
+ *  - Channel names: at most 32 characters of [A-Za-z0-9._-].
+ */
 #ifndef CXRPC_RPC_H
 #define CXRPC_RPC_H
 
@@ -116,6 +131,38 @@ typedef struct cxr_peer {
   bool trusted;
 } cxr_peer;
 int cxr_call_peer(cxr_call *call, cxr_peer *out);
+
+/* ---- inspection from outside (cxrpcctl): reads the channel's shared counters ---- */
+typedef struct cxr_channel_info {
+  char name[CXR_NAME_MAX + 1];
+  int server_pid;
+  bool server_alive;
+  bool open;
+  unsigned mode, max_conns, pool, workers, ring_slots;
+  unsigned ready, connected;       /* slots ready for fast connect; connected clients */
+  uint64_t connects, disconnects, reclaimed, created;  /* created: connection heaps made */
+  int64_t age_ns;
+} cxr_channel_info;
+
+typedef struct cxr_conn_info {
+  unsigned slot;
+  char state[12];                  /* "ready", "connected", "closing", "reclaim", "busy" */
+  int client_pid;
+  unsigned client_uid;
+  bool client_alive;
+  int64_t age_ns;                  /* since connect */
+  char heap[CXR_NAME_MAX + 1];
+  /* server side */
+  uint64_t calls, errors, bytes_in, bytes_out, malformed, expired, inflight;
+  /* client side */
+  uint64_t client_calls, client_errors, timeouts, cancels, peer_dead, late, stray;
+} cxr_conn_info;
+
+/* Channels in this pod's registry: fills up to max, *n gets how many exist. */
+int cxr_channel_list(cxr_channel_info *out, size_t max, size_t *n);
+/* One channel and its slots that are not free (up to max; *n gets how many). */
+int cxr_channel_inspect(const char *name, cxr_channel_info *info, cxr_conn_info *conns,
+                        size_t max, size_t *n);
 
 #ifdef __cplusplus
 }

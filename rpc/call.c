@@ -1,0 +1,517 @@
+/* Calls on a connection: the pending table (call id = generation << 32 | index), pushing
+ * requests, draining responses (any waiting thread delivers responses for everyone),
+ * waiting with spin / yield / futex sleep, deadlines, cancellation, and futures with
+ * callbacks run on a per-connection completion thread started on first use.
+ *
+ * A late response (its call timed out or was cancelled) finds its entry ORPHAN or
+ * ABANDONED: the result block is freed and the response dropped. A response whose call id
+ * matches no pending call is counted (cli.stray) and dropped without touching its
+ * pointer. */
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc/client.h"
+#include "shm/log.h"
+
+/* ---- the pending table ---- */
+
+int cxr__conn_table_init(cxr_conn *c, uint32_t n) {
+  c->tab = calloc(n, sizeof *c->tab);
+  c->free_idx = calloc(n, sizeof *c->free_idx);
+  if (c->tab == NULL || c->free_idx == NULL) return CXR_ENOMEM;
+  c->ntab = n;
+  for (uint32_t i = 0; i < n; i++) {
+    c->tab[i].index = i;
+    c->tab[i].c = c;
+    c->free_idx[i] = n - 1 - i;
+  }
+  c->nfree = n;
+  return 0;
+}
+
+void cxr__conn_table_fini(cxr_conn *c) {
+  free(c->tab);
+  free(c->free_idx);
+  c->tab = NULL;
+  c->free_idx = NULL;
+  c->ntab = 0;
+}
+
+static cxr_future *entry_alloc(cxr_conn *c) {
+  pthread_mutex_lock(&c->lock);
+  cxr_future *f = NULL;
+  if (c->nfree > 0) f = &c->tab[c->free_idx[--c->nfree]];
+  pthread_mutex_unlock(&c->lock);
+  if (f == NULL) return NULL;
+  uint32_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED) + 1;
+  if (gen == 0) gen = 1;
+  __atomic_store_n(&f->gen, gen, __ATOMIC_RELAXED);
+  f->err = 0;
+  f->result = NULL;
+  f->taken = false;
+  f->seal = 0;
+  f->cb = NULL;
+  f->cb_user = NULL;
+  f->qnext = NULL;
+  __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELAXED);
+  __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
+  return f;
+}
+
+static void entry_release(cxr_future *f) {
+  cxr_conn *c = f->c;
+  if (f->seal) cxr__call_release(c, f->seal);
+  __atomic_store_n(&f->state, CXR__F_FREE, __ATOMIC_RELEASE);
+  pthread_mutex_lock(&c->lock);
+  c->free_idx[c->nfree++] = f->index;
+  pthread_mutex_unlock(&c->lock);
+}
+
+static void result_free(cxr_conn *c, void *p) {
+  if (p != NULL && cxr_heap_contains(c->heap, p, 1)) cxr_heap_free(c->heap, p);
+}
+
+/* ---- callbacks ---- */
+
+static void completion_wake(cxr_conn *c) {
+  __atomic_fetch_add(&c->resp.r->futex, 1, __ATOMIC_SEQ_CST);
+  cxr__futex_wake(&c->resp.r->futex, INT_MAX);
+}
+
+/* Called by whoever made the outcome final: hands an armed callback to the completion
+ * thread (exactly once: the CAS on cb_state decides). */
+static void fire(cxr_future *f) {
+  uint32_t armed = CXR__CB_ARMED;
+  if (!__atomic_compare_exchange_n(&f->cb_state, &armed, CXR__CB_FIRED, false, __ATOMIC_SEQ_CST,
+                                   __ATOMIC_SEQ_CST))
+    return;
+  cxr_conn *c = f->c;
+  pthread_mutex_lock(&c->qlock);
+  f->qnext = NULL;
+  if (c->qtail) c->qtail->qnext = f; else c->qhead = f;
+  c->qtail = f;
+  pthread_mutex_unlock(&c->qlock);
+  __atomic_fetch_sub(&c->armed, 1, __ATOMIC_SEQ_CST);
+  completion_wake(c);
+}
+
+/* ---- outcomes ---- */
+
+/* Ends a pending call locally (timeout, cancel, dead peer): its response may still come. */
+static bool expire(cxr_future *f, int err) {
+  uint32_t s = CXR__F_PENDING;
+  if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE))
+    return false;
+  f->err = err;
+  f->result = NULL;
+  __atomic_store_n(&f->state, CXR__F_ORPHAN, __ATOMIC_SEQ_CST);
+  fire(f);
+  return true;
+}
+
+static void deliver(cxr_conn *c, const cxr__desc *d) {
+  uint32_t idx = (uint32_t)d->call_id, gen = (uint32_t)(d->call_id >> 32);
+  cxr__cli_ctr *ctr = &c->slot->cli;
+  if (idx >= c->ntab || gen == 0 || __atomic_load_n(&c->tab[idx].gen, __ATOMIC_RELAXED) != gen) {
+    CXR__ADD(&ctr->stray, 1);
+    return;
+  }
+  cxr_future *f = &c->tab[idx];
+  void *ptr = (void *)(uintptr_t)d->ptr;
+  int status = d->status;
+  if (status > 0 || status < CXR_ERRNO_MIN) status = CXR_EPROTO;
+  if (ptr != NULL && !cxr_heap_contains(c->heap, ptr, 1)) {
+    status = CXR_EBADPTR; /* never touch a pointer outside our heap */
+    ptr = NULL;
+  }
+  for (;;) {
+    uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+    if (s == CXR__F_PENDING) {
+      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE))
+        continue;
+      f->err = status;
+      f->result = ptr;
+      if (status != 0) CXR__ADD(&ctr->errors, 1);
+      __atomic_store_n(&f->state, CXR__F_DONE, __ATOMIC_SEQ_CST);
+      fire(f);
+      /* Wake threads of ours asleep on the ring: one of them may wait for this call. */
+      cxr__bell_ring(&c->resp.r->futex, &c->resp.r->sleepers);
+      return;
+    }
+    if (s == CXR__F_ORPHAN) {
+      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_DONE, false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE))
+        continue;
+      result_free(c, ptr);
+      CXR__ADD(&ctr->late, 1);
+      return;
+    }
+    if (s == CXR__F_ABANDONED) {
+      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE))
+        continue;
+      result_free(c, ptr);
+      CXR__ADD(&ctr->late, 1);
+      entry_release(f);
+      return;
+    }
+    if (s == CXR__F_BUSY) {
+      cxr__cpu_relax();
+      continue;
+    }
+    CXR__ADD(&ctr->stray, 1); /* a second response to one call */
+    return;
+  }
+}
+
+static unsigned drain(cxr_conn *c) {
+  cxr__desc d;
+  unsigned n = 0;
+  while (n < c->ntab && cxr__ring_pop(&c->resp, &d) == 0) {
+    deliver(c, &d);
+    n++;
+  }
+  return n;
+}
+
+void cxr__conn_fail_all(cxr_conn *c, int err) {
+  for (uint32_t i = 0; c->tab != NULL && i < c->ntab; i++) expire(&c->tab[i], err);
+}
+
+static bool final(uint32_t s) { return s == CXR__F_DONE || s == CXR__F_ORPHAN; }
+
+/* Waits until f has an outcome, its deadline passes, the peer dies, or `until` (absolute)
+ * passes. Returns 0 when f is final, CXR_EAGAIN when `until` passed first. */
+static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
+  const int64_t spin = cxr__spin_ns(), yield_ns = cxr__yield_ns();
+  int64_t start = cxr_now_ns();
+  for (unsigned i = 0;; i++) {
+    if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) return 0;
+    drain(c);
+    if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) return 0;
+    if ((i & 15) != 0 && i < 100000) {
+      cxr__cpu_relax();
+      continue;
+    }
+    int64_t now = cxr_now_ns();
+    if (now >= f->deadline) {
+      if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
+      continue;
+    }
+    if (cxr__conn_check(c, false) != 0) continue; /* fail_all ended f */
+    if (now >= until) return CXR_EAGAIN;
+    int64_t idle = now - start;
+    if (idle < spin) {
+      cxr__cpu_relax();
+      continue;
+    }
+    if (idle < spin + yield_ns) {
+      sched_yield();
+      continue;
+    }
+    /* Sleep on the ring's futex; the server (or a thread of ours delivering for us) rings. */
+    cxr__ring *r = c->resp.r;
+    uint32_t v = __atomic_load_n(&r->futex, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (!final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST)) && !cxr__ring_nonempty(&c->resp)) {
+      int64_t t = f->deadline - now;
+      if (until - now < t) t = until - now;
+      if (c->peer_timeout / 2 < t) t = c->peer_timeout / 2;
+      cxr__futex_wait(&r->futex, v, t > 0 ? t : 1);
+    }
+    __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+  }
+}
+
+/* ---- calls ---- */
+
+int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_future **out,
+                        const cxr_call_opts *o) {
+  if (out == NULL) return CXR_EINVAL;
+  *out = NULL;
+  if (c == NULL || c->tab == NULL) return CXR_EINVAL;
+  cxr_call_opts def;
+  if (o == NULL) {
+    cxr_call_opts_init(&def);
+    o = &def;
+  }
+  if (o->deadline_ns < 0 || (o->flags & ~(unsigned)(CXR_CALL_SEAL | CXR_CALL_INLINE)) ||
+      (o->ranges == NULL && o->nranges != 0))
+    return CXR_EINVAL;
+  cxr__desc d;
+  memset(&d, 0, sizeof d);
+  d.method = method;
+  d.flags = o->flags;
+  if (o->flags & CXR_CALL_INLINE) {
+    if (o->arg_len > CXR__INLINE_MAX || (args == NULL && o->arg_len != 0)) return CXR_EINVAL;
+    if (o->arg_len) memcpy(d.data, args, o->arg_len);
+    d.len = o->arg_len;
+  } else if (args != NULL) {
+    size_t len = o->arg_len;
+    if (!cxr_heap_contains(c->heap, args, len ? len : 1)) return CXR_EBADPTR;
+    if (len == 0 && (o->flags & CXR_CALL_SEAL)) len = cxr_heap_usable_size(c->heap, args);
+    d.ptr = (uint64_t)(uintptr_t)args;
+    d.len = len;
+  } else if (o->arg_len != 0) {
+    return CXR_EINVAL;
+  }
+  int dead = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
+  if (dead) return dead;
+  cxr_future *f = entry_alloc(c);
+  if (f == NULL) return CXR_EFULL;
+  int64_t now = cxr_now_ns();
+  f->deadline = now + (o->deadline_ns ? o->deadline_ns : c->default_deadline);
+  if (f->deadline < now) f->deadline = INT64_MAX; /* overflow: no practical deadline */
+  d.deadline = f->deadline;
+  d.call_id = (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index;
+  if (o->flags & CXR_CALL_SEAL) {
+    int rc = cxr__call_seal(c, args, d.len, &d.seal);
+    if (rc != 0) {
+      entry_release(f);
+      return rc;
+    }
+    f->seal = d.seal;
+  }
+  /* The ring holds ring_slots descriptors and the table as many calls, so it is full only
+   * while the server is behind: wait for room, within the deadline. */
+  for (unsigned i = 0; cxr__ring_push(&c->req, &d) != 0; i++) {
+    drain(c);
+    int rc = cxr__conn_check(c, false);
+    if (rc == 0 && cxr_now_ns() >= f->deadline) rc = CXR_ETIMEDOUT;
+    if (rc != 0) {
+      if (rc == CXR_ETIMEDOUT) CXR__ADD(&c->slot->cli.timeouts, 1);
+      entry_release(f);
+      return rc;
+    }
+    cxr__bell_ring(&c->cb->doorbell, &c->cb->srv_sleepers);
+    if (i < 64) cxr__cpu_relax(); else sched_yield();
+  }
+  cxr__bell_ring(&c->cb->doorbell, &c->cb->srv_sleepers);
+  CXR__ADD(&c->slot->cli.calls, 1);
+  *out = f;
+  return 0;
+}
+
+int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
+                  const cxr_call_opts *o) {
+  if (result != NULL) *result = NULL;
+  cxr_future *f;
+  int rc = cxr_conn_call_async(c, method, args, &f, o);
+  if (rc != 0) return rc;
+  wait_entry(c, f, INT64_MAX);
+  rc = f->err;
+  if (result != NULL) {
+    *result = f->result;
+    f->taken = true;
+  }
+  cxr_future_free(f);
+  return rc;
+}
+
+/* ---- futures ---- */
+
+int cxr_future_poll(cxr_future *f, void **result) {
+  if (f == NULL || f->c == NULL) return CXR_EINVAL;
+  if (result) *result = NULL;
+  cxr_conn *c = f->c;
+  uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+  if (!final(s)) {
+    drain(c);
+    s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+  }
+  if (!final(s)) {
+    if (cxr_now_ns() >= f->deadline) {
+      if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
+    } else {
+      cxr__conn_check(c, false);
+    }
+    s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+    if (!final(s)) return CXR_EAGAIN;
+  }
+  if (result) {
+    *result = f->result;
+    f->taken = true;
+  }
+  return f->err;
+}
+
+int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
+  if (f == NULL || f->c == NULL || timeout_ns < 0) return CXR_EINVAL;
+  if (result) *result = NULL;
+  int64_t until = timeout_ns == 0 ? INT64_MAX : cxr_now_ns() + timeout_ns;
+  if (until < 0) until = INT64_MAX;
+  if (wait_entry(f->c, f, until) != 0) return CXR_EAGAIN;
+  if (result) {
+    *result = f->result;
+    f->taken = true;
+  }
+  return f->err;
+}
+
+int cxr_future_cancel(cxr_future *f) {
+  if (f == NULL || f->c == NULL) return CXR_EINVAL;
+  uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+  if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
+  if (expire(f, CXR_ECANCELED)) {
+    CXR__ADD(&f->c->slot->cli.cancels, 1);
+    return 0;
+  }
+  return CXR_EBUSY; /* it had already ended: its outcome stands */
+}
+
+void cxr_future_free(cxr_future *f) {
+  if (f == NULL || f->c == NULL) return;
+  for (;;) {
+    uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+    switch (s) {
+      case CXR__F_PENDING:
+        if (expire(f, CXR_ECANCELED)) CXR__ADD(&f->c->slot->cli.cancels, 1);
+        continue;
+      case CXR__F_DONE:
+        if (!f->taken && f->result != NULL) result_free(f->c, f->result);
+        if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) == CXR__CB_ARMED) {
+          __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELEASE);
+          __atomic_fetch_sub(&f->c->armed, 1, __ATOMIC_SEQ_CST);
+        }
+        entry_release(f);
+        return;
+      case CXR__F_ORPHAN:
+        if (__atomic_compare_exchange_n(&f->state, &s, CXR__F_ABANDONED, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+          return; /* the late response releases it */
+        continue;
+      case CXR__F_BUSY:
+        cxr__cpu_relax();
+        continue;
+      default:
+        return; /* already freed */
+    }
+  }
+}
+
+/* ---- the completion thread ---- */
+
+static void run_callbacks(cxr_conn *c) {
+  for (;;) {
+    pthread_mutex_lock(&c->qlock);
+    cxr_future *f = c->qhead;
+    if (f) {
+      c->qhead = f->qnext;
+      if (c->qhead == NULL) c->qtail = NULL;
+    }
+    pthread_mutex_unlock(&c->qlock);
+    if (f == NULL) return;
+    void (*cb)(int, void *, void *) = f->cb;
+    void *user = f->cb_user, *result = f->result;
+    int err = f->err;
+    f->taken = true;
+    cb(err, result, user); /* may free f: not touched after this */
+  }
+}
+
+static void expire_armed(cxr_conn *c, int64_t now, int64_t *next) {
+  for (uint32_t i = 0; i < c->ntab; i++) {
+    cxr_future *f = &c->tab[i];
+    if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) != CXR__CB_ARMED) continue;
+    if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) != CXR__F_PENDING) continue;
+    if (now >= f->deadline) {
+      if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
+    } else if (f->deadline < *next) {
+      *next = f->deadline;
+    }
+  }
+}
+
+static void *completion_main(void *arg) {
+  cxr_conn *c = arg;
+  cxr__ring *r = c->resp.r;
+  while (!__atomic_load_n(&c->cstop, __ATOMIC_ACQUIRE)) {
+    uint32_t v = __atomic_load_n(&r->futex, __ATOMIC_SEQ_CST);
+    run_callbacks(c);
+    bool armed = __atomic_load_n(&c->armed, __ATOMIC_SEQ_CST) > 0;
+    int64_t now = cxr_now_ns(), next = now + 1000000000;
+    if (armed) {
+      drain(c);
+      cxr__conn_check(c, false);
+      expire_armed(c, now, &next);
+      int64_t check = now + (c->peer_timeout / 2 > 0 ? c->peer_timeout / 2 : 1);
+      if (check < next) next = check;
+    }
+    pthread_mutex_lock(&c->qlock);
+    bool queued = c->qhead != NULL;
+    pthread_mutex_unlock(&c->qlock);
+    if (queued) continue;
+    /* Count as a sleeper only while callbacks wait for responses: then the server rings. */
+    if (armed) __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (!(armed && cxr__ring_nonempty(&c->resp)) && !__atomic_load_n(&c->cstop, __ATOMIC_ACQUIRE))
+      cxr__futex_wait(&r->futex, v, next - now > 0 ? next - now : 1);
+    if (armed) __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+  }
+  run_callbacks(c);
+  return NULL;
+}
+
+int cxr_future_then(cxr_future *f, void (*cb)(int err, void *result, void *user), void *user) {
+  if (f == NULL || f->c == NULL || cb == NULL) return CXR_EINVAL;
+  cxr_conn *c = f->c;
+  uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+  if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
+  if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) != CXR__CB_NONE) return CXR_EBUSY;
+  if (final(s)) { /* already done: run it now, in the caller */
+    __atomic_store_n(&f->cb_state, CXR__CB_FIRED, __ATOMIC_RELEASE);
+    f->taken = true;
+    cb(f->err, f->result, user);
+    return 0;
+  }
+  pthread_mutex_lock(&c->qlock);
+  int rc = 0;
+  if (!c->cstarted) {
+    if (pthread_create(&c->cthread, NULL, completion_main, c) == 0) c->cstarted = true;
+    else rc = CXR_EIO;
+  }
+  pthread_mutex_unlock(&c->qlock);
+  if (rc != 0) return rc;
+  f->cb = cb;
+  f->cb_user = user;
+  __atomic_fetch_add(&c->armed, 1, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&f->cb_state, CXR__CB_ARMED, __ATOMIC_SEQ_CST);
+  /* If the outcome landed meanwhile, whoever wins the CAS in fire() queues it. */
+  if (final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST))) fire(f);
+  completion_wake(c);
+  return 0;
+}
+
+void cxr__conn_stop_completion(cxr_conn *c) {
+  if (!c->cstarted) return;
+  /* Pending callbacks end with CXR_ECLOSED before the thread goes. */
+  cxr__conn_fail_all(c, CXR_ECLOSED);
+  __atomic_store_n(&c->cstop, 1, __ATOMIC_RELEASE);
+  completion_wake(c);
+  pthread_join(c->cthread, NULL);
+  c->cstarted = false;
+}
+
+/* ---- raw access for tests (internal.h) ---- */
+
+int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d) {
+  if (c == NULL || d == NULL) return CXR_EINVAL;
+  int rc = cxr__ring_push(&c->req, d);
+  if (rc == 0) cxr__bell_ring(&c->cb->doorbell, &c->cb->srv_sleepers);
+  return rc;
+}
+
+int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns) {
+  if (c == NULL || out == NULL) return CXR_EINVAL;
+  int64_t until = cxr_now_ns() + timeout_ns;
+  while (cxr__ring_pop(&c->resp, out) != 0) {
+    if (cxr_now_ns() >= until) return CXR_ETIMEDOUT;
+    sched_yield();
+  }
+  return 0;
+}
+
+uint32_t cxr__conn_table_size(cxr_conn *c) { return c ? c->ntab : 0; }

@@ -1,0 +1,538 @@
+/* The server side of a channel: opening it (control heap + a pool of ready connection
+ * heaps), the method table, start/stop/close, and the manager thread that refills the
+ * pool, recycles closed connections and reclaims those whose client died. */
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rpc/server.h"
+#include "shm/log.h"
+
+void cxr_channel_opts_init(cxr_channel_opts *o) {
+  if (o == NULL) return;
+  memset(o, 0, sizeof *o);
+  o->mode = 0600;
+  o->conn_heap_size = 64u << 20;
+  o->pool = 4;
+  o->max_conns = 64;
+  o->workers = 1;
+  o->ring_slots = 256;
+  o->peer_timeout_ns = 100000000;
+}
+
+static bool valid_name(const char *name) {
+  size_t n = strnlen(name, CXR__CHAN_NAME_MAX + 1);
+  if (n == 0 || n > CXR__CHAN_NAME_MAX) return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!(c == '-' || c == '_' || c == '.' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+          (c >= 'A' && c <= 'Z')))
+      return false;
+  }
+  return true;
+}
+
+/* ---- method table ---- */
+
+static unsigned method_hash(uint32_t id) { return (id * 2654435761u) % CXR__METHOD_SLOTS; }
+
+const cxr__method *cxr__method_find(const cxr_channel *ch, uint32_t id) {
+  unsigned h = method_hash(id);
+  for (unsigned i = 0; i < CXR__METHOD_SLOTS; i++) {
+    const cxr__method *m = &ch->methods[(h + i) % CXR__METHOD_SLOTS];
+    if (!m->used) return NULL;
+    if (m->id == id) return m;
+  }
+  return NULL;
+}
+
+int cxr_channel_on(cxr_channel *ch, uint32_t method, cxr_handler fn, void *user) {
+  if (ch == NULL || fn == NULL) return CXR_EINVAL;
+  if (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE)) return CXR_EBUSY;
+  unsigned h = method_hash(method);
+  for (unsigned i = 0; i < CXR__METHOD_SLOTS; i++) {
+    cxr__method *m = &ch->methods[(h + i) % CXR__METHOD_SLOTS];
+    if (m->used && m->id == method) {
+      m->fn = fn;
+      m->user = user;
+      return 0;
+    }
+    if (!m->used) {
+      if (ch->nmethods >= CXR__METHOD_SLOTS / 2) return CXR_EFULL;
+      m->id = method;
+      m->fn = fn;
+      m->user = user;
+      m->used = true;
+      ch->nmethods++;
+      return 0;
+    }
+  }
+  return CXR_EFULL;
+}
+
+/* ---- connection heaps ---- */
+
+static void active_clear(cxr__chan_block *cb, unsigned k) {
+  __atomic_fetch_and(&cb->active[k / 64], ~(1ull << (k % 64)), __ATOMIC_SEQ_CST);
+}
+
+void cxr__sconn_free_result(cxr__sconn *sc, uint64_t ptr) {
+  void *p = (void *)(uintptr_t)ptr;
+  if (p != NULL && cxr_heap_contains(sc->heap, p, 1)) cxr_heap_free(sc->heap, p);
+}
+
+static void sconn_destroy(cxr_channel *ch, cxr__sconn *sc) {
+  if (sc->heap == NULL) return;
+  char name[CXR_NAME_MAX + 1];
+  snprintf(name, sizeof name, "%s", cxr_heap_name(sc->heap));
+  __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
+  cxr_heap_close(sc->heap);
+  int rc = cxr_heap_unlink(name);
+  if (rc != 0 && rc != CXR_ENOENT) CXR_WARN("channel %s: unlink %s: %s", ch->name, name, cxr_strerror(rc));
+  sc->heap = NULL;
+  sc->blk = NULL;
+}
+
+/* Makes slot k READY: creates its heap if it has none, (re)initialises the rings and
+ * publishes the slot with a new generation. Only the manager (or open) calls it. */
+static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
+  cxr__cslot *s = sc->slot;
+  uint32_t ring = ch->o.ring_slots;
+  if (sc->heap == NULL) {
+    char name[CXR_NAME_MAX + 1];
+    int n = snprintf(name, sizeof name, "cc.%s.%d.%u.%u", ch->name, (int)ch->self.pid, sc->index,
+                     ch->heap_seq++);
+    if (n < 0 || n > CXR_NAME_MAX) return CXR_ENAMETOOLONG;
+    cxr_heap_opts ho;
+    cxr_heap_opts_init(&ho);
+    ho.mode = ch->o.mode;
+    cxr_heap *h;
+    int rc = cxr_heap_create(&h, name, ch->o.conn_heap_size, &ho);
+    if (rc == CXR_EEXIST) { /* left by a crashed server with our pid: replace it */
+      cxr_heap_unlink(name);
+      rc = cxr_heap_create(&h, name, ch->o.conn_heap_size, &ho);
+    }
+    if (rc != 0) return rc;
+    cxr__conn_block *b = cxr_heap_alloc_aligned(h, 64, cxr__conn_block_size(ring));
+    if (b == NULL) {
+      rc = cxr_last_error();
+      cxr_heap_close(h);
+      cxr_heap_unlink(name);
+      return rc ? rc : CXR_ENOMEM;
+    }
+    memset(b, 0, sizeof *b);
+    b->magic = CXR__CONN_MAGIC;
+    b->version = CXR__VERSION;
+    b->ring_slots = ring;
+    b->slot = sc->index;
+    cxr__desc *d = (cxr__desc *)(b + 1);
+    b->req_desc = (uint64_t)(uintptr_t)d;
+    b->resp_desc = (uint64_t)(uintptr_t)(d + ring);
+    rc = cxr_heap_set_root(h, b);
+    if (rc != 0) {
+      cxr_heap_close(h);
+      cxr_heap_unlink(name);
+      return rc;
+    }
+    sc->heap = h;
+    sc->blk = b;
+    sc->req = (cxr__rview){&b->req, d, ring - 1};
+    sc->resp = (cxr__rview){&b->resp, d + ring, ring - 1};
+    cxr_heap_stats st;
+    sc->baseline_used = cxr_heap_stats(h, &st) == 0 ? st.used : 0;
+    snprintf(s->heap, sizeof s->heap, "%s", name);
+    s->conn_block = (uint64_t)(uintptr_t)b;
+    CXR__ADD(&ch->cb->created, 1);
+  }
+  cxr__ring_init(&sc->blk->req, sc->req.d, ring);
+  cxr__ring_init(&sc->blk->resp, sc->resp.d, ring);
+  uint32_t gen = (cxr__owner_gen(CXR__LDX(&s->owner)) + 1) & 0xffffff;
+  if (gen == 0) gen = 1;
+  sc->gen = gen;
+  sc->blk->gen = gen;
+  memset(&s->srv, 0, sizeof s->srv);
+  memset(&s->cli, 0, sizeof s->cli);
+  s->client_start = 0;
+  s->client_uid = 0;
+  s->since_ns = 0;
+  memset(&sc->client, 0, sizeof sc->client);
+  __atomic_store_n(&sc->retiring, 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&sc->live, 1, __ATOMIC_SEQ_CST);
+  CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_READY, gen));
+  return 0;
+}
+
+/* Takes back a slot the client closed (CLOSING) or left by dying (RECLAIM). Returns false
+ * if a worker is still inside it (try again on the next tick). */
+static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
+  cxr__cslot *s = sc->slot;
+  active_clear(ch->cb, sc->index);
+  __atomic_store_n(&sc->retiring, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&sc->inflight, __ATOMIC_SEQ_CST) != 0) return false;
+  __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
+  /* Nobody serves it now. Drop queued requests; free results the client never took. */
+  cxr__desc d;
+  for (uint32_t i = 0; i <= sc->req.mask && cxr__ring_pop(&sc->req, &d) == 0; i++) {
+  }
+  for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
+    cxr__sconn_free_result(sc, d.ptr);
+  int reaped = cxr_heap_reap(sc->heap);
+  cxr_heap_stats st;
+  bool bloated = cxr_heap_stats(sc->heap, &st) != 0 ||
+                 st.used > sc->baseline_used + ch->o.conn_heap_size / 8;
+  CXR__ADD(dead ? &ch->cb->reclaimed : &ch->cb->disconnects, 1);
+  CXR_DEBUG("channel %s: slot %u %s (reaped %d holders)", ch->name, sc->index,
+            dead ? "reclaimed from a dead client" : "closed", reaped);
+  /* A dead client may have left blocks and half-pushed descriptors: start from a fresh
+   * heap. A clean close with a tidy heap reuses it (no file operations). */
+  if (dead || bloated) sconn_destroy(ch, sc);
+  uint64_t o = CXR__LDX(&s->owner);
+  CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));
+  CXR__ADD(&ch->cb->recycled, 1);
+  return true;
+}
+
+static unsigned count_ready(cxr_channel *ch) {
+  unsigned n = 0;
+  for (unsigned k = 0; k < ch->o.max_conns; k++)
+    if (cxr__owner_state(CXR__LD(&ch->cb->slots[k].owner)) == CXR__SLOT_READY) n++;
+  return n;
+}
+
+/* Refills the pool up to o.pool ready slots. Returns how many were made ready. */
+static unsigned refill(cxr_channel *ch) {
+  unsigned ready = count_ready(ch), made = 0;
+  for (unsigned k = 0; k < ch->o.max_conns && ready < ch->o.pool; k++) {
+    cxr__sconn *sc = &ch->conns[k];
+    uint64_t o = CXR__LD(&sc->slot->owner);
+    if (cxr__owner_state(o) != CXR__SLOT_FREE) continue;
+    int rc = sconn_make_ready(ch, sc);
+    if (rc != 0) {
+      CXR_WARN("channel %s: cannot prepare connection %u: %s", ch->name, k, cxr_strerror(rc));
+      break;
+    }
+    ready++;
+    made++;
+  }
+  if (made) cxr__bell_ring(&ch->cb->pool_bell, &ch->cb->pool_sleepers);
+  return made;
+}
+
+/* One pass over the slots. Returns true if work is left over (come back soon). */
+static bool manage_once(cxr_channel *ch, bool check_liveness) {
+  bool again = false;
+  for (unsigned k = 0; k < ch->o.max_conns; k++) {
+    cxr__sconn *sc = &ch->conns[k];
+    cxr__cslot *s = sc->slot;
+    uint64_t o = CXR__LD(&s->owner);
+    unsigned st = cxr__owner_state(o);
+    if (st == CXR__SLOT_CLAIMED && check_liveness) {
+      if (sc->client.pid == 0 || (uint32_t)sc->client.pid != cxr__owner_pid(o)) {
+        sc->client.pid = (int32_t)cxr__owner_pid(o);
+        sc->client.start_time = CXR__LD(&s->client_start);
+        sc->client.host = ch->self.host;
+      }
+      if (sc->client.start_time == 0) sc->client.start_time = CXR__LD(&s->client_start);
+      cxr__proc_id id = sc->client;
+      bool alive;
+      if (id.start_time != 0) {
+        alive = cxr__proc_alive(&id);
+      } else { /* claimed but start time not yet written: the pid must at least exist */
+        uint64_t t;
+        alive = cxr__proc_start_time(id.pid, &t) == 0;
+      }
+      if (!alive) {
+        uint64_t want = cxr__owner(cxr__owner_pid(o), CXR__SLOT_RECLAIM, cxr__owner_gen(o));
+        if (CXR__CAS(&s->owner, &o, want)) {
+          CXR_INFO("channel %s: client %d of connection %u died; reclaiming", ch->name, id.pid, k);
+          o = want;
+          st = CXR__SLOT_RECLAIM;
+        }
+      }
+    }
+    if (st == CXR__SLOT_CLOSING || st == CXR__SLOT_RECLAIM) {
+      uint64_t busy = cxr__owner(cxr__owner_pid(o), CXR__SLOT_BUSY, cxr__owner_gen(o));
+      if (CXR__CAS(&s->owner, &o, busy)) {
+        sc->pending = true;
+        sc->pending_dead = st == CXR__SLOT_RECLAIM;
+      } else {
+        again = true;
+      }
+    }
+    if (sc->pending) {
+      if (sconn_recycle(ch, sc, sc->pending_dead)) sc->pending = false;
+      else again = true;
+    }
+  }
+  refill(ch);
+  return again;
+}
+
+void *cxr__manager_main(void *arg) {
+  cxr_channel *ch = arg;
+  cxr__chan_block *cb = ch->cb;
+  int64_t tick = ch->o.peer_timeout_ns / 2;
+  if (tick < 1000000) tick = 1000000;
+  int64_t next_check = 0;
+  while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
+    uint32_t v = __atomic_load_n(&cb->mgr_bell, __ATOMIC_SEQ_CST);
+    int64_t now = cxr_now_ns();
+    bool check = now >= next_check;
+    if (check) next_check = now + tick;
+    bool again = manage_once(ch, check);
+    int64_t wait = next_check - cxr_now_ns();
+    if (again && wait > 1000000) wait = 1000000;
+    __atomic_fetch_add(&cb->mgr_sleepers, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) cxr__futex_wait(&cb->mgr_bell, v, wait);
+    __atomic_fetch_sub(&cb->mgr_sleepers, 1, __ATOMIC_SEQ_CST);
+  }
+  return NULL;
+}
+
+/* ---- open and close ---- */
+
+/* A previous server of this name died without closing: remove its heaps. */
+static int remove_stale(const char *ctl_name) {
+  cxr_heap *h;
+  int rc = cxr_heap_open(&h, ctl_name);
+  if (rc != 0) {
+    /* Not a readable channel: remove the name so we can create it. */
+    return cxr_heap_unlink(ctl_name) == 0 ? 0 : rc;
+  }
+  cxr__chan_block *cb = cxr_heap_get_root(h);
+  if (cb != NULL && cxr_heap_contains(h, cb, sizeof *cb) && cb->magic == CXR__CHAN_MAGIC) {
+    cxr__proc_id id = {.pid = cb->server_pid, .start_time = cb->server_start,
+                       .host = cb->server_host};
+    if (CXR__LD(&cb->state) == CXR__CHAN_OPEN && cxr__proc_alive(&id)) {
+      cxr_heap_close(h);
+      return CXR_EEXIST;
+    }
+    unsigned n = cb->max_conns <= CXR__MAX_CONNS ? cb->max_conns : 0;
+    if (!cxr_heap_contains(h, cb, cxr__chan_block_size(n))) n = 0;
+    for (unsigned k = 0; k < n; k++) {
+      char name[CXR_NAME_MAX + 1];
+      memcpy(name, cb->slots[k].heap, sizeof name);
+      name[CXR_NAME_MAX] = '\0';
+      if (name[0] != '\0') cxr_heap_unlink(name);
+    }
+  }
+  cxr_heap_close(h);
+  CXR_INFO("removing stale channel %s", ctl_name);
+  cxr_heap_unlink(ctl_name);
+  return 0;
+}
+
+int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts *opts) {
+  if (out == NULL || name == NULL) return CXR_EINVAL;
+  *out = NULL;
+  if (!valid_name(name)) return strlen(name) > CXR__CHAN_NAME_MAX ? CXR_ENAMETOOLONG : CXR_EINVAL;
+  cxr_channel_opts o;
+  if (opts) o = *opts; else cxr_channel_opts_init(&o);
+  if (o.mode == 0) o.mode = 0600;
+  if (o.conn_heap_size == 0) o.conn_heap_size = 64u << 20;
+  if (o.ring_slots == 0) o.ring_slots = 256;
+  if (o.max_conns == 0) o.max_conns = 64;
+  if (o.workers == 0) o.workers = 1;
+  if (o.peer_timeout_ns == 0) o.peer_timeout_ns = 100000000;
+  if ((o.ring_slots & (o.ring_slots - 1)) != 0 || o.ring_slots < 2 || o.ring_slots > CXR__MAX_RING ||
+      o.max_conns > CXR__MAX_CONNS || o.pool > o.max_conns || o.workers > 64 ||
+      (o.mode & ~0777u) != 0 || o.peer_timeout_ns < 0 ||
+      o.conn_heap_size < 2 * cxr__conn_block_size(o.ring_slots))
+    return CXR_EINVAL;
+  if (o.listen != NULL) return CXR_ENOSYS; /* seam: the rdma layer accepts other racks */
+  int rc = cxr_init(NULL);
+  if (rc != 0 && rc != CXR_EBUSY) return rc;
+
+  cxr_channel *ch = calloc(1, sizeof *ch);
+  if (ch == NULL) return CXR_ENOMEM;
+  ch->o = o;
+  ch->o.listen = NULL;
+  snprintf(ch->name, sizeof ch->name, "%s", name);
+  pthread_mutex_init(&ch->lock, NULL);
+  if ((rc = cxr__proc_self_id(&ch->self)) != 0) goto fail;
+
+  char ctl_name[CXR_NAME_MAX + 1];
+  snprintf(ctl_name, sizeof ctl_name, "ch.%s", name);
+  size_t blk = cxr__chan_block_size(o.max_conns);
+  size_t ctl_size = (blk + 2 * 65536 + 65535) & ~(size_t)65535;
+  cxr_heap_opts ho;
+  cxr_heap_opts_init(&ho);
+  ho.mode = o.mode;
+  rc = cxr_heap_create(&ch->ctl, ctl_name, ctl_size, &ho);
+  if (rc == CXR_EEXIST) {
+    if ((rc = remove_stale(ctl_name)) != 0) goto fail;
+    rc = cxr_heap_create(&ch->ctl, ctl_name, ctl_size, &ho);
+  }
+  if (rc != 0) goto fail;
+  cxr__chan_block *cb = cxr_heap_alloc_aligned(ch->ctl, 64, blk);
+  if (cb == NULL) {
+    rc = cxr_last_error() ? cxr_last_error() : CXR_ENOMEM;
+    goto fail;
+  }
+  memset(cb, 0, blk);
+  cb->magic = CXR__CHAN_MAGIC;
+  cb->version = CXR__VERSION;
+  cb->max_conns = o.max_conns;
+  cb->ring_slots = o.ring_slots;
+  cb->pool = o.pool;
+  cb->mode = o.mode;
+  cb->server_pid = ch->self.pid;
+  cb->server_start = ch->self.start_time;
+  cb->server_host = ch->self.host;
+  cb->peer_timeout_ns = o.peer_timeout_ns;
+  cb->conn_heap_size = o.conn_heap_size;
+  cb->workers = o.workers;
+  cb->opened_ns = cxr_now_ns();
+  snprintf(cb->name, sizeof cb->name, "%s", name);
+  ch->cb = cb;
+  ch->conns = calloc(o.max_conns, sizeof *ch->conns);
+  if (ch->conns == NULL) {
+    rc = CXR_ENOMEM;
+    goto fail;
+  }
+  for (unsigned k = 0; k < o.max_conns; k++) {
+    ch->conns[k].index = k;
+    ch->conns[k].slot = &cb->slots[k];
+  }
+  /* The pool is filled before anyone can see the channel, so the first connect is fast. */
+  refill(ch);
+  CXR__ST(&cb->state, CXR__CHAN_OPEN);
+  if ((rc = cxr_heap_set_root(ch->ctl, cb)) != 0) goto fail;
+  *out = ch;
+  return 0;
+fail:
+  cxr_channel_close(ch);
+  return rc;
+}
+
+static int start_threads(cxr_channel *ch, unsigned workers) {
+  ch->threads = calloc(workers + 1, sizeof *ch->threads);
+  if (ch->threads == NULL) return CXR_ENOMEM;
+  ch->nthreads = 0;
+  if (pthread_create(&ch->threads[0], NULL, cxr__manager_main, ch) != 0) return CXR_EIO;
+  ch->nthreads = 1;
+  for (unsigned i = 0; i < workers; i++) {
+    if (pthread_create(&ch->threads[ch->nthreads], NULL, cxr__worker_main, ch) != 0) return CXR_EIO;
+    ch->nthreads++;
+  }
+  return 0;
+}
+
+static void join_threads(cxr_channel *ch) {
+  for (unsigned i = 0; i < ch->nthreads; i++) pthread_join(ch->threads[i], NULL);
+  free(ch->threads);
+  ch->threads = NULL;
+  ch->nthreads = 0;
+}
+
+static void wake_all(cxr_channel *ch) {
+  __atomic_fetch_add(&ch->cb->doorbell, 1, __ATOMIC_SEQ_CST);
+  cxr__futex_wake(&ch->cb->doorbell, INT_MAX);
+  __atomic_fetch_add(&ch->cb->mgr_bell, 1, __ATOMIC_SEQ_CST);
+  cxr__futex_wake(&ch->cb->mgr_bell, INT_MAX);
+}
+
+int cxr_channel_start(cxr_channel *ch) {
+  if (ch == NULL || ch->cb == NULL) return CXR_EINVAL;
+  pthread_mutex_lock(&ch->lock);
+  int rc = 0;
+  if (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE)) {
+    rc = CXR_EBUSY;
+  } else {
+    __atomic_store_n(&ch->stop, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&ch->running, 1, __ATOMIC_RELEASE);
+    rc = start_threads(ch, ch->o.workers);
+    ch->background = rc == 0;
+    if (rc != 0) {
+      __atomic_store_n(&ch->stop, 1, __ATOMIC_RELEASE);
+      wake_all(ch);
+      join_threads(ch);
+      __atomic_store_n(&ch->running, 0, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&ch->lock);
+  return rc;
+}
+
+int cxr_channel_serve(cxr_channel *ch) {
+  if (ch == NULL || ch->cb == NULL) return CXR_EINVAL;
+  pthread_mutex_lock(&ch->lock);
+  if (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_unlock(&ch->lock);
+    return CXR_EBUSY;
+  }
+  __atomic_store_n(&ch->stop, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&ch->running, 1, __ATOMIC_RELEASE);
+  /* The calling thread is one of the workers. */
+  int rc = start_threads(ch, ch->o.workers - 1);
+  pthread_mutex_unlock(&ch->lock);
+  if (rc == 0) cxr__worker_main(ch);
+  __atomic_store_n(&ch->stop, 1, __ATOMIC_RELEASE);
+  wake_all(ch);
+  pthread_mutex_lock(&ch->lock);
+  join_threads(ch);
+  __atomic_store_n(&ch->running, 0, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&ch->lock);
+  return rc;
+}
+
+void cxr_channel_stop(cxr_channel *ch) {
+  if (ch == NULL || ch->cb == NULL) return;
+  __atomic_store_n(&ch->stop, 1, __ATOMIC_RELEASE);
+  wake_all(ch);
+  /* Threads started by cxr_channel_start are joined here (unless we are one of them);
+   * serve() joins its own when it returns. */
+  pthread_mutex_lock(&ch->lock);
+  if (ch->background) {
+    bool inside = false;
+    for (unsigned i = 0; i < ch->nthreads; i++)
+      if (pthread_equal(ch->threads[i], pthread_self())) inside = true;
+    if (!inside) {
+      join_threads(ch);
+      ch->background = false;
+      __atomic_store_n(&ch->running, 0, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&ch->lock);
+}
+
+void cxr_channel_close(cxr_channel *ch) {
+  if (ch == NULL) return;
+  if (ch->cb != NULL) {
+    cxr_channel_stop(ch);
+    /* Wait for a serve() running on another thread to return. */
+    for (int i = 0; i < 100000 && __atomic_load_n(&ch->running, __ATOMIC_ACQUIRE); i++) usleep(100);
+    CXR__ST(&ch->cb->state, CXR__CHAN_CLOSED);
+    /* Clients asleep on their response rings see the channel closed. */
+    for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) {
+      cxr__sconn *sc = &ch->conns[k];
+      if (sc->blk != NULL) {
+        __atomic_fetch_add(&sc->blk->resp.futex, 1, __ATOMIC_SEQ_CST);
+        cxr__futex_wake(&sc->blk->resp.futex, INT_MAX);
+      }
+    }
+    __atomic_fetch_add(&ch->cb->pool_bell, 1, __ATOMIC_SEQ_CST);
+    cxr__futex_wake(&ch->cb->pool_bell, INT_MAX);
+  }
+  for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) {
+    cxr__sconn *sc = &ch->conns[k];
+    if (sc->heap == NULL) continue;
+    cxr__desc d;
+    for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
+      cxr__sconn_free_result(sc, d.ptr);
+    sconn_destroy(ch, sc);
+  }
+  free(ch->conns);
+  if (ch->ctl != NULL) {
+    char name[CXR_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%s", cxr_heap_name(ch->ctl));
+    cxr_heap_close(ch->ctl);
+    cxr_heap_unlink(name);
+  }
+  pthread_mutex_destroy(&ch->lock);
+  free(ch);
+}

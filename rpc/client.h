@@ -1,0 +1,86 @@
+/* Private to rpc/: the client's process-local view of a connection (conn.c, call.c). */
+#ifndef CXRPC_RPC_CLIENT_H
+#define CXRPC_RPC_CLIENT_H
+
+#include <pthread.h>
+
+#include "rpc/internal.h"
+#include "shm/proc.h"
+
+/* States of a pending-table entry (the future). */
+enum {
+  CXR__F_FREE = 0,
+  CXR__F_PENDING = 1,    /* sent, no outcome yet */
+  CXR__F_BUSY = 2,       /* one thread is writing the outcome */
+  CXR__F_DONE = 3,       /* outcome final and no response is due any more */
+  CXR__F_ORPHAN = 4,     /* outcome final (timeout, cancel, dead peer), response still due */
+  CXR__F_ABANDONED = 5,  /* the user freed it while its response is still due */
+};
+enum { CXR__CB_NONE = 0, CXR__CB_ARMED = 1, CXR__CB_FIRED = 2 };
+
+struct cxr_future {
+  uint32_t state;        /* atomic CXR__F_* */
+  uint32_t gen;          /* atomic: high half of the call id */
+  uint32_t index;
+  uint32_t cb_state;     /* atomic CXR__CB_* */
+  int err;
+  bool taken;            /* the result was handed to the user */
+  void *result;
+  int64_t deadline;
+  uint32_t seal;
+  cxr_conn *c;
+  void (*cb)(int err, void *result, void *user);
+  void *cb_user;
+  struct cxr_future *qnext;
+};
+
+/* A process keeps one mapping of a channel's control heap however many connections it has
+ * to that channel (conn.c). */
+typedef struct cxr__ctl_ref {
+  struct cxr__ctl_ref *next;
+  char name[CXR_NAME_MAX + 1];
+  cxr_heap *heap;
+  cxr__chan_block *cb;
+  unsigned refs;
+} cxr__ctl_ref;
+
+struct cxr_conn {
+  int transport;
+  cxr__ctl_ref *ctl;
+  cxr__chan_block *cb;
+  cxr_heap *heap;
+  cxr__conn_block *blk;
+  cxr__rview req, resp;
+  cxr__cslot *slot;
+  unsigned index;
+  uint32_t gen;
+  uint32_t pid;
+  cxr__proc_id server;
+  int64_t default_deadline, peer_timeout;
+  /* pending table: ntab == ring_slots, so responses always fit the response ring */
+  struct cxr_future *tab;
+  uint32_t ntab;
+  uint32_t *free_idx;
+  uint32_t nfree;
+  pthread_mutex_t lock;
+  int dead;              /* atomic: 0, or the code every call now ends with */
+  int64_t next_check;    /* atomic: when liveness is checked next */
+  /* completion thread for cxr_future_then */
+  pthread_mutex_t qlock;
+  pthread_t cthread;
+  bool cstarted;
+  int cstop;             /* atomic */
+  unsigned armed;        /* atomic: callbacks waiting for a pending call */
+  struct cxr_future *qhead, *qtail;
+};
+
+/* call.c */
+int cxr__conn_table_init(cxr_conn *c, uint32_t n);
+void cxr__conn_table_fini(cxr_conn *c);
+void cxr__conn_fail_all(cxr_conn *c, int err);
+void cxr__conn_stop_completion(cxr_conn *c);
+/* conn.c: 0, or the code calls must end with (peer dead, channel closed). Cheap unless a
+ * check is due (every peer_timeout/2). */
+int cxr__conn_check(cxr_conn *c, bool force);
+
+#endif

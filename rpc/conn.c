@@ -1,0 +1,295 @@
+/* The client side of a connection: transport choice, fast connect (claim a ready slot
+ * with one CAS and map its heap: no file is created), liveness checks and close. */
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rpc/client.h"
+#include "shm/log.h"
+
+void cxr_conn_opts_init(cxr_conn_opts *o) {
+  if (o == NULL) return;
+  memset(o, 0, sizeof *o);
+  o->default_deadline_ns = 5000000000;
+  o->connect_timeout_ns = 2000000000;
+  o->peer_timeout_ns = 100000000;
+}
+
+void cxr_call_opts_init(cxr_call_opts *o) {
+  if (o != NULL) memset(o, 0, sizeof *o);
+}
+
+int cxr__transport_for(const char *target) {
+  if (strncmp(target, "ucx://", 6) == 0) return CXR__TRANSPORT_UCX;
+  if (strstr(target, "://") != NULL) return CXR_EINVAL;
+  return CXR__TRANSPORT_POD;
+}
+
+/* Seams for sandbox/: sealing is not available until that layer lands. */
+int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal) {
+  (void)c, (void)args, (void)len;
+  *seal = 0;
+  return CXR_ENOSYS;
+}
+void cxr__call_release(cxr_conn *c, uint32_t seal) { (void)c, (void)seal; }
+
+/* ---- one mapping of each control heap per process ----
+ * The only process-wide state of rpc/: a short list of mapped control heaps with reference
+ * counts, so that many connections to one channel share one mapping and one lease. */
+static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
+static cxr__ctl_ref *ctl_list;
+
+static bool ctl_usable(cxr__chan_block *cb) {
+  if (CXR__LD(&cb->state) != CXR__CHAN_OPEN) return false;
+  cxr__proc_id id = {.pid = cb->server_pid, .start_time = cb->server_start, .host = cb->server_host};
+  return cxr__proc_alive(&id);
+}
+
+static int ctl_get(const char *channel, cxr__ctl_ref **out) {
+  char name[CXR_NAME_MAX + 1];
+  snprintf(name, sizeof name, "ch.%s", channel);
+  pthread_mutex_lock(&ctl_lock);
+  for (cxr__ctl_ref *r = ctl_list; r != NULL; r = r->next) {
+    if (strcmp(r->name, name) == 0 && ctl_usable(r->cb)) {
+      r->refs++;
+      *out = r;
+      pthread_mutex_unlock(&ctl_lock);
+      return 0;
+    }
+  }
+  cxr__ctl_ref *r = calloc(1, sizeof *r);
+  int rc = r ? cxr_heap_open(&r->heap, name) : CXR_ENOMEM;
+  if (rc != 0) goto fail;
+  cxr__chan_block *cb = cxr_heap_get_root(r->heap);
+  /* Check the block before trusting any field of it. */
+  if (cb == NULL || !cxr_heap_contains(r->heap, cb, sizeof *cb) || cb->magic != CXR__CHAN_MAGIC) {
+    rc = cb == NULL ? CXR_ENOENT : CXR_EBADMAGIC;
+    goto fail;
+  }
+  if (cb->version != CXR__VERSION) {
+    rc = CXR_EVERSION;
+    goto fail;
+  }
+  uint32_t max = cb->max_conns, ring = cb->ring_slots;
+  if (max == 0 || max > CXR__MAX_CONNS || ring < 2 || ring > CXR__MAX_RING || (ring & (ring - 1)) ||
+      !cxr_heap_contains(r->heap, cb, cxr__chan_block_size(max))) {
+    rc = CXR_ECORRUPT;
+    goto fail;
+  }
+  if (!ctl_usable(cb)) {
+    rc = CXR_ENOENT; /* a stale channel whose server is gone */
+    goto fail;
+  }
+  snprintf(r->name, sizeof r->name, "%s", name);
+  r->cb = cb;
+  r->refs = 1;
+  r->next = ctl_list;
+  ctl_list = r;
+  *out = r;
+  pthread_mutex_unlock(&ctl_lock);
+  return 0;
+fail:
+  if (r && r->heap) cxr_heap_close(r->heap);
+  free(r);
+  pthread_mutex_unlock(&ctl_lock);
+  return rc;
+}
+
+static void ctl_put(cxr__ctl_ref *ref) {
+  pthread_mutex_lock(&ctl_lock);
+  if (--ref->refs == 0) {
+    for (cxr__ctl_ref **p = &ctl_list; *p != NULL; p = &(*p)->next) {
+      if (*p == ref) {
+        *p = ref->next;
+        break;
+      }
+    }
+    cxr_heap_close(ref->heap);
+    free(ref);
+  }
+  pthread_mutex_unlock(&ctl_lock);
+}
+
+/* ---- connect ---- */
+
+/* Claims a READY slot with one CAS. Returns its index, or -1 (none ready; *any_free says
+ * whether waiting can help). */
+static int claim_slot(cxr__chan_block *cb, uint32_t pid, bool *any_free) {
+  *any_free = false;
+  for (unsigned k = 0; k < cb->max_conns; k++) {
+    cxr__cslot *s = &cb->slots[k];
+    uint64_t o = CXR__LD(&s->owner);
+    unsigned st = cxr__owner_state(o);
+    if (st != CXR__SLOT_CLAIMED) *any_free = true;
+    if (st != CXR__SLOT_READY) continue;
+    if (CXR__CAS(&s->owner, &o, cxr__owner(pid, CXR__SLOT_CLAIMED, cxr__owner_gen(o)))) return (int)k;
+  }
+  return -1;
+}
+
+/* Gives a claimed slot back for the server to recycle. */
+static void release_slot(cxr__chan_block *cb, unsigned k, uint32_t pid, uint32_t gen) {
+  cxr__cslot *s = &cb->slots[k];
+  __atomic_fetch_and(&cb->active[k / 64], ~(1ull << (k % 64)), __ATOMIC_SEQ_CST);
+  uint64_t o = cxr__owner(pid, CXR__SLOT_CLAIMED, gen);
+  CXR__CAS(&s->owner, &o, cxr__owner(pid, CXR__SLOT_CLOSING, gen));
+  cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+}
+
+static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
+  if (strnlen(name, CXR__CHAN_NAME_MAX + 1) > CXR__CHAN_NAME_MAX) return CXR_ENAMETOOLONG;
+  if (name[0] == '\0') return CXR_EINVAL;
+  int rc = cxr_init(NULL);
+  if (rc != 0 && rc != CXR_EBUSY) return rc;
+  if ((rc = ctl_get(name, &c->ctl)) != 0) return rc;
+  cxr__chan_block *cb = c->ctl->cb;
+  c->cb = cb;
+  c->pid = (uint32_t)getpid();
+  int64_t give_up = cxr_now_ns() + o->connect_timeout_ns;
+  int k;
+  for (;;) {
+    bool any_free;
+    uint32_t v = __atomic_load_n(&cb->pool_bell, __ATOMIC_SEQ_CST);
+    if ((k = claim_slot(cb, c->pid, &any_free)) >= 0) break;
+    if (!any_free) return CXR_EFULL;
+    if (!ctl_usable(cb)) return CXR_ENOENT;
+    int64_t left = give_up - cxr_now_ns();
+    if (left <= 0) return CXR_ETIMEDOUT;
+    /* Ask the manager for a refill and sleep until it rings the pool bell. */
+    cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+    __atomic_fetch_add(&cb->pool_sleepers, 1, __ATOMIC_SEQ_CST);
+    if ((k = claim_slot(cb, c->pid, &any_free)) >= 0) {
+      __atomic_fetch_sub(&cb->pool_sleepers, 1, __ATOMIC_SEQ_CST);
+      break;
+    }
+    cxr__futex_wait(&cb->pool_bell, v, left < 10000000 ? left : 10000000);
+    __atomic_fetch_sub(&cb->pool_sleepers, 1, __ATOMIC_SEQ_CST);
+  }
+  cxr__cslot *s = &cb->slots[k];
+  c->index = (unsigned)k;
+  c->slot = s;
+  c->gen = cxr__owner_gen(CXR__LDX(&s->owner));
+  cxr__proc_id self;
+  if (cxr__proc_self_id(&self) == 0) CXR__ST(&s->client_start, self.start_time);
+  CXR__ST(&s->client_uid, (uint32_t)getuid());
+  CXR__ST(&s->since_ns, cxr_now_ns());
+  CXR__ADD(&cb->connects, 1);
+  /* Refill in the background if we took the pool below its target. */
+  cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+
+  char heap_name[CXR_NAME_MAX + 1];
+  memcpy(heap_name, s->heap, sizeof heap_name);
+  heap_name[CXR_NAME_MAX] = '\0';
+  uint64_t blk_addr = CXR__LDX(&s->conn_block);
+  rc = cxr_heap_open(&c->heap, heap_name);
+  if (rc != 0) goto fail;
+  uint32_t ring = cb->ring_slots;
+  cxr__conn_block *b = (cxr__conn_block *)(uintptr_t)blk_addr;
+  if (cxr_heap_get_root(c->heap) != b || !cxr_heap_contains(c->heap, b, cxr__conn_block_size(ring)) ||
+      b->magic != CXR__CONN_MAGIC || b->version != CXR__VERSION || b->ring_slots != ring ||
+      b->slot != (uint32_t)k || b->gen != c->gen || b->req_desc != (uint64_t)(uintptr_t)(b + 1) ||
+      b->resp_desc != b->req_desc + ring * sizeof(cxr__desc)) {
+    rc = CXR_ECORRUPT;
+    goto fail;
+  }
+  c->blk = b;
+  cxr__desc *d = (cxr__desc *)(b + 1);
+  c->req = (cxr__rview){&b->req, d, ring - 1};
+  c->resp = (cxr__rview){&b->resp, d + ring, ring - 1};
+  c->server = (cxr__proc_id){.pid = cb->server_pid, .start_time = cb->server_start,
+                             .host = cb->server_host};
+  if ((rc = cxr__conn_table_init(c, ring)) != 0) goto fail;
+  /* Now the server may poll it. */
+  __atomic_fetch_or(&cb->active[k / 64], 1ull << (k % 64), __ATOMIC_SEQ_CST);
+  return 0;
+fail:
+  release_slot(cb, (unsigned)k, c->pid, c->gen);
+  c->slot = NULL;
+  return rc;
+}
+
+int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
+  if (out == NULL || target == NULL) return CXR_EINVAL;
+  *out = NULL;
+  cxr_conn_opts o;
+  if (opts) o = *opts; else cxr_conn_opts_init(&o);
+  if (o.default_deadline_ns == 0) o.default_deadline_ns = 5000000000;
+  if (o.connect_timeout_ns == 0) o.connect_timeout_ns = 2000000000;
+  if (o.peer_timeout_ns == 0) o.peer_timeout_ns = 100000000;
+  if (o.default_deadline_ns < 0 || o.connect_timeout_ns < 0 || o.peer_timeout_ns < 0) return CXR_EINVAL;
+  int t = cxr__transport_for(target);
+  if (t < 0) return t;
+  if (t == CXR__TRANSPORT_UCX) return CXR_ENOSYS; /* seam: the rdma layer connects here */
+  cxr_conn *c = calloc(1, sizeof *c);
+  if (c == NULL) return CXR_ENOMEM;
+  c->transport = t;
+  c->default_deadline = o.default_deadline_ns;
+  c->peer_timeout = o.peer_timeout_ns;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->qlock, NULL);
+  int rc = connect_pod(c, target, &o);
+  if (rc != 0) {
+    cxr__conn_table_fini(c);
+    if (c->heap) cxr_heap_close(c->heap);
+    if (c->ctl) ctl_put(c->ctl);
+    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->qlock);
+    free(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+cxr_heap *cxr_conn_heap(cxr_conn *c) {
+  if (c == NULL || c->heap == NULL) return cxr__fail_null(CXR_EINVAL);
+  return c->heap;
+}
+
+int cxr__conn_check(cxr_conn *c, bool force) {
+  int dead = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
+  if (dead) return dead;
+  int64_t now = cxr_now_ns();
+  int64_t due = __atomic_load_n(&c->next_check, __ATOMIC_ACQUIRE);
+  if (!force && now < due) return 0;
+  int64_t period = c->peer_timeout / 2 > 0 ? c->peer_timeout / 2 : 1;
+  if (!__atomic_compare_exchange_n(&c->next_check, &due, now + period, false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE) && !force)
+    return 0;
+  int err = 0;
+  if (CXR__LD(&c->cb->state) != CXR__CHAN_OPEN) err = CXR_ECLOSED;
+  else if (!cxr__proc_alive(&c->server)) err = CXR_EPEERDEAD;
+  else {
+    uint64_t o = CXR__LD(&c->slot->owner);
+    if (cxr__owner_pid(o) != c->pid || cxr__owner_state(o) != CXR__SLOT_CLAIMED ||
+        cxr__owner_gen(o) != c->gen)
+      err = CXR_ECLOSED; /* the server took the connection back */
+  }
+  if (err) {
+    int zero = 0;
+    if (__atomic_compare_exchange_n(&c->dead, &zero, err, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      CXR_INFO("connection to %s: %s", c->cb->name, cxr_strerror(err));
+      if (err == CXR_EPEERDEAD) CXR__ADD(&c->slot->cli.peer_dead, 1);
+    }
+    cxr__conn_fail_all(c, __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE));
+    return __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
+  }
+  return 0;
+}
+
+void cxr_conn_close(cxr_conn *c) {
+  if (c == NULL) return;
+  cxr__conn_stop_completion(c);
+  cxr__conn_fail_all(c, CXR_ECLOSED);
+  if (c->slot != NULL) release_slot(c->cb, c->index, c->pid, c->gen);
+  cxr__conn_table_fini(c);
+  if (c->heap) cxr_heap_close(c->heap);
+  if (c->ctl) ctl_put(c->ctl);
+  pthread_mutex_destroy(&c->lock);
+  pthread_mutex_destroy(&c->qlock);
+  free(c);
+}

@@ -1,0 +1,42 @@
+/* The one place a validated call meets its handler. The sandbox layer wraps this (seal
+ * check, memory domain, fault containment) without touching the rest of rpc/. */
+#include "rpc/server.h"
+#include "shm/log.h"
+
+int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result) {
+  *result = NULL;
+  if (call->flags & CXR_CALL_SEAL) {
+    /* Seam: cxr_call_check_sealed(call, args, len) goes here once sandbox/ provides it. */
+    return CXR_ENOSYS;
+  }
+  return fn(call, call->args, result, user);
+}
+
+/* ---- accessors for handlers ---- */
+
+cxr_heap *cxr_call_heap(cxr_call *call) {
+  if (call == NULL || call->sc == NULL) return cxr__fail_null(CXR_EINVAL);
+  return call->sc->heap;
+}
+
+cxr_range cxr_call_arg_range(cxr_call *call) {
+  cxr_range r = {NULL, 0};
+  if (call == NULL || call->sc == NULL) return r;
+  r.p = cxr_heap_base(call->sc->heap);
+  r.len = cxr_heap_size(call->sc->heap);
+  return r;
+}
+
+int cxr_call_set_result_ranges(cxr_call *call, const cxr_range *r, size_t n) {
+  if (call == NULL || (r == NULL && n != 0)) return CXR_EINVAL;
+  return 0; /* in the pod the client maps the same heap: nothing to ship */
+}
+
+int cxr_call_peer(cxr_call *call, cxr_peer *out) {
+  if (call == NULL || out == NULL || call->sc == NULL) return CXR_EINVAL;
+  out->pid = (int)cxr__owner_pid(CXR__LD(&call->sc->slot->owner));
+  out->uid = CXR__LD(&call->sc->slot->client_uid);
+  out->host[0] = '\0';
+  out->trusted = !call->ch->o.untrusted;
+  return 0;
+}

@@ -1,0 +1,226 @@
+/*
+ * Private to rpc/ (tests may include it): the shared-memory layouts of a channel and a
+ * connection, and the internal functions the rpc files share.
+ *
+ *   control heap "ch.<name>"          root = cxr__chan_block: server identity, doorbells,
+ *                                     the active bitmap and the connection slots (with
+ *                                     their counters, so cxrpcctl reads one heap)
+ *   connection heap "cc.<name>.<pid>.<k>.<g>"
+ *                                     root = cxr__conn_block: two rings of descriptors;
+ *                                     the rest of the heap holds arguments and results
+ *
+ * Plain integer fields accessed with __atomic builtins (not _Atomic) so that C++ tests can
+ * include this header. Everything a peer can write is re-validated by the reader: each side
+ * keeps its own private copy of the geometry (ring size, addresses) and never trusts the
+ * shared copy after connect.
+ */
+#ifndef CXRPC_RPC_INTERNAL_H
+#define CXRPC_RPC_INTERNAL_H
+
+#include <cxrpc/rpc.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CXR__LD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define CXR__LDX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define CXR__ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define CXR__STX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define CXR__ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+#define CXR__CAS(p, expp, v) \
+  __atomic_compare_exchange_n((p), (expp), (v), false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+#define CXR__FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+
+#define CXR__CHAN_MAGIC 0x314e414843525843ull /* "CXRCHAN1" */
+#define CXR__CONN_MAGIC 0x314e4e4f43525843ull /* "CXRCONN1" */
+#define CXR__VERSION 1u
+#define CXR__INLINE_MAX 72u     /* bytes of arguments a descriptor carries inline */
+#define CXR__MAX_CONNS 1024u
+#define CXR__CHAN_NAME_MAX 32u  /* heap names add prefix, pid, slot and generation */
+#define CXR__MAX_RING 65536u
+
+/* ---- descriptors and rings ---- */
+
+/* One ring slot: 128 bytes, two cache lines. `seq` is the Vyukov sequence number. */
+typedef struct cxr__desc {
+  uint64_t seq;
+  uint64_t call_id;   /* generation << 32 | index in the caller's pending table */
+  uint32_t method;
+  uint32_t flags;     /* CXR_CALL_* as sent */
+  int32_t status;     /* response: the handler's code */
+  uint32_t seal;      /* seal index (cxrpc/sandbox.h); 0 = not sealed */
+  uint64_t ptr;       /* argument (request) or result (response) address */
+  uint64_t len;       /* argument bytes (inline: bytes in data) */
+  int64_t deadline;   /* absolute CLOCK_MONOTONIC ns; 0 = none */
+  unsigned char data[CXR__INLINE_MAX];
+} __attribute__((aligned(64))) cxr__desc;
+
+typedef struct cxr__ring {
+  uint64_t head __attribute__((aligned(64)));  /* next position to pop */
+  uint64_t tail __attribute__((aligned(64)));  /* next position to push */
+  uint32_t futex __attribute__((aligned(64))); /* bumped when a sleeper must wake */
+  uint32_t sleepers;                           /* threads asleep (or about to) on futex */
+} cxr__ring;
+
+/* A private view of a ring: geometry copied at setup, never re-read from shared memory. */
+typedef struct cxr__rview {
+  cxr__ring *r;
+  cxr__desc *d;
+  uint32_t mask;
+} cxr__rview;
+
+void cxr__ring_init(cxr__ring *r, cxr__desc *d, uint32_t slots);
+/* 0, or CXR_EFULL. `in` is copied except for seq. */
+int cxr__ring_push(const cxr__rview *v, const cxr__desc *in);
+/* 0, or CXR_EAGAIN when empty. The slot is copied out before it is released. */
+int cxr__ring_pop(const cxr__rview *v, cxr__desc *out);
+bool cxr__ring_nonempty(const cxr__rview *v);
+
+/* ---- the waiting toolkit (wait.c) ---- */
+
+/* FUTEX_WAIT on a shared word while *w == val, at most timeout_ns (<= 0: no wait). */
+void cxr__futex_wait(uint32_t *w, uint32_t val, int64_t timeout_ns);
+void cxr__futex_wake(uint32_t *w, int n);
+/* After publishing work: wake sleepers of (futex, sleepers) only if there are any. */
+void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers);
+static inline void cxr__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  __asm__ __volatile__("" ::: "memory");
+#endif
+}
+/* Tunables read once from the environment (CXRPC_SPIN_NS, CXRPC_YIELD_NS). */
+int64_t cxr__spin_ns(void);
+int64_t cxr__yield_ns(void);
+
+/* ---- the channel's control block ---- */
+
+enum {
+  CXR__SLOT_FREE = 0,      /* no heap yet (or retired): the server will create one */
+  CXR__SLOT_READY = 1,     /* a fresh heap with empty rings waits for a client */
+  CXR__SLOT_CLAIMED = 2,   /* a client owns it */
+  CXR__SLOT_CLOSING = 3,   /* the client closed it; the server recycles it */
+  CXR__SLOT_RECLAIM = 4,   /* the client died; the server drains and retires it */
+  CXR__SLOT_BUSY = 5,      /* the server is working on it */
+};
+
+/* owner word: pid:32 | state:8 | generation:24 (one CAS claims a slot) */
+static inline uint64_t cxr__owner(uint32_t pid, unsigned state, uint32_t gen) {
+  return (uint64_t)pid << 32 | (uint64_t)(state & 0xff) << 24 | (gen & 0xffffff);
+}
+static inline uint32_t cxr__owner_pid(uint64_t o) { return (uint32_t)(o >> 32); }
+static inline unsigned cxr__owner_state(uint64_t o) { return (unsigned)(o >> 24) & 0xff; }
+static inline uint32_t cxr__owner_gen(uint64_t o) { return (uint32_t)o & 0xffffff; }
+
+/* Counters written by the server side of a connection. */
+typedef struct cxr__srv_ctr {
+  uint64_t calls, errors, bytes_in, bytes_out, malformed, expired, inflight;
+} __attribute__((aligned(64))) cxr__srv_ctr;
+
+/* Counters written by the client side of a connection. */
+typedef struct cxr__cli_ctr {
+  uint64_t calls, errors, timeouts, cancels, peer_dead, late, stray;
+} __attribute__((aligned(64))) cxr__cli_ctr;
+
+typedef struct cxr__cslot {
+  uint64_t owner;            /* cxr__owner() */
+  uint64_t client_start;     /* the client's start time (0 until written) */
+  uint32_t client_uid;
+  uint32_t pad;
+  int64_t since_ns;          /* CLOCK_MONOTONIC when claimed */
+  uint64_t conn_block;       /* address of the cxr__conn_block (same in every process) */
+  char heap[CXR_NAME_MAX + 1];
+  cxr__srv_ctr srv;
+  cxr__cli_ctr cli;
+} __attribute__((aligned(64))) cxr__cslot;
+
+enum { CXR__CHAN_OPEN = 1, CXR__CHAN_CLOSED = 2 };
+
+typedef struct cxr__chan_block {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t max_conns;
+  uint32_t ring_slots;
+  uint32_t pool;
+  uint32_t mode;
+  int32_t server_pid;
+  uint64_t server_start;
+  uint64_t server_host;
+  int64_t peer_timeout_ns;
+  uint64_t conn_heap_size;
+  uint32_t state;            /* CXR__CHAN_* */
+  uint32_t workers;
+  int64_t opened_ns;
+  char name[CXR__CHAN_NAME_MAX + 1];
+  /* The server workers sleep here; clients ring it after a push. */
+  uint32_t doorbell __attribute__((aligned(64)));
+  uint32_t srv_sleepers;
+  /* The manager sleeps here; clients ring it after connect and close. */
+  uint32_t mgr_bell __attribute__((aligned(64)));
+  uint32_t mgr_sleepers;
+  /* Clients waiting for a ready slot sleep here; the manager rings it after a refill. */
+  uint32_t pool_bell __attribute__((aligned(64)));
+  uint32_t pool_sleepers;
+  uint64_t connects, disconnects, reclaimed, recycled, created;
+  uint64_t active[CXR__MAX_CONNS / 64] __attribute__((aligned(64)));
+  cxr__cslot slots[];        /* max_conns of them */
+} cxr__chan_block;
+
+typedef struct cxr__conn_block {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t ring_slots;
+  uint32_t slot;             /* index in the channel's slot table */
+  uint32_t gen;              /* slot generation it was made for */
+  uint64_t req_desc, resp_desc;  /* addresses of the descriptor arrays */
+  cxr__ring req, resp;
+  /* descriptor arrays follow */
+} cxr__conn_block;
+
+static inline size_t cxr__chan_block_size(unsigned max_conns) {
+  return sizeof(cxr__chan_block) + (size_t)max_conns * sizeof(cxr__cslot);
+}
+static inline size_t cxr__conn_block_size(unsigned ring_slots) {
+  return sizeof(cxr__conn_block) + 2 * (size_t)ring_slots * sizeof(cxr__desc);
+}
+
+/* ---- seams for other layers ---- */
+
+/* Transport choice for cxr_connect (conn.c): in-pod shared memory, or "ucx://" (rdma). */
+enum { CXR__TRANSPORT_POD = 1, CXR__TRANSPORT_UCX = 2 };
+int cxr__transport_for(const char *target);
+
+/* Client side, for CXR_CALL_SEAL: seal [args, args+len) and give the seal index
+ * (sandbox layer). Returns CXR_ENOSYS until sealing is available. */
+int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal);
+void cxr__call_release(cxr_conn *c, uint32_t seal);
+
+/* ---- pieces shared by channel.c, serve.c, dispatch.c ---- */
+
+struct cxr_call {
+  cxr_channel *ch;
+  struct cxr__sconn *sc;
+  uint64_t call_id;
+  uint32_t method;
+  uint32_t flags;
+  uint32_t seal;
+  int64_t deadline;
+  const void *args;
+  size_t arg_len;
+};
+
+/* Runs the handler for a validated call (the one place a sandbox wrapper goes). */
+int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result);
+
+/* ---- internal test hooks: raw ring access on a client connection ---- */
+int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d);
+int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns);
+uint32_t cxr__conn_table_size(cxr_conn *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,74 @@
+/* Bounded MPMC rings of call descriptors in shared memory (Vyukov's per-slot sequence
+ * numbers): any thread of either process may push or pop; no locks, so a process that
+ * dies holds nothing. A producer killed between claiming a slot and publishing it stalls
+ * that ring, which is acceptable: only a dead peer does that, and its connection ends.
+ * Positions read from shared memory are never used as array indices without the mask from
+ * the private view, so a corrupt head or tail cannot send us outside the ring. */
+#include <string.h>
+
+#include "rpc/internal.h"
+
+/* Bound on retries when positions race (or a hostile peer scribbles on them). */
+#define RETRIES 1024
+
+void cxr__ring_init(cxr__ring *r, cxr__desc *d, uint32_t slots) {
+  for (uint32_t i = 0; i < slots; i++) {
+    memset(&d[i], 0, sizeof d[i]);
+    CXR__STX(&d[i].seq, (uint64_t)i);
+  }
+  CXR__STX(&r->head, 0);
+  CXR__STX(&r->tail, 0);
+  CXR__STX(&r->futex, 0);
+  CXR__STX(&r->sleepers, 0);
+}
+
+int cxr__ring_push(const cxr__rview *v, const cxr__desc *in) {
+  uint64_t pos = CXR__LDX(&v->r->tail);
+  for (int i = 0; i < RETRIES; i++) {
+    cxr__desc *d = &v->d[pos & v->mask];
+    uint64_t seq = CXR__LD(&d->seq);
+    int64_t dif = (int64_t)(seq - pos);
+    if (dif == 0) {
+      if (__atomic_compare_exchange_n(&v->r->tail, &pos, pos + 1, true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+        /* The slot is ours: copy the body, then publish with the sequence number. */
+        memcpy((char *)d + sizeof d->seq, (const char *)in + sizeof in->seq,
+               sizeof *d - sizeof d->seq);
+        CXR__ST(&d->seq, pos + 1);
+        return 0;
+      }
+    } else if (dif < 0) {
+      return CXR_EFULL;
+    } else {
+      pos = CXR__LDX(&v->r->tail);
+    }
+  }
+  return CXR_EFULL;
+}
+
+int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
+  uint64_t pos = CXR__LDX(&v->r->head);
+  for (int i = 0; i < RETRIES; i++) {
+    cxr__desc *d = &v->d[pos & v->mask];
+    uint64_t seq = CXR__LD(&d->seq);
+    int64_t dif = (int64_t)(seq - (pos + 1));
+    if (dif == 0) {
+      if (__atomic_compare_exchange_n(&v->r->head, &pos, pos + 1, true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+        memcpy(out, d, sizeof *out);
+        CXR__ST(&d->seq, pos + (uint64_t)v->mask + 1);
+        return 0;
+      }
+    } else if (dif < 0) {
+      return CXR_EAGAIN;
+    } else {
+      pos = CXR__LDX(&v->r->head);
+    }
+  }
+  return CXR_EAGAIN;
+}
+
+bool cxr__ring_nonempty(const cxr__rview *v) {
+  uint64_t pos = CXR__LDX(&v->r->head);
+  return CXR__LD(&v->d[pos & v->mask].seq) == pos + 1;
+}

@@ -1,0 +1,179 @@
+/* Server workers: each polls every active connection of the channel (the request rings
+ * are multi-consumer), validates what it pops, runs the handler and pushes the response.
+ * Idle policy: spin for an adaptive window after the last call, then yield, then sleep on
+ * the channel doorbell; clients ring it only when a worker sleeps, so a busy server never
+ * pays for wake-ups and an idle one uses no CPU. */
+#include <sched.h>
+#include <string.h>
+
+#include "rpc/server.h"
+#include "shm/log.h"
+
+#define BATCH 16
+
+static void push_response(cxr_channel *ch, cxr__sconn *sc, cxr__desc *r) {
+  /* The client keeps at most ring_slots calls in flight, so its response ring has room
+   * unless it misbehaves or stops draining: then wait a bounded time and drop. */
+  int64_t give_up = 0;
+  for (unsigned i = 0; cxr__ring_push(&sc->resp, r) != 0; i++) {
+    if (__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) ||
+        __atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
+      goto drop;
+    int64_t now = cxr_now_ns();
+    if (give_up == 0) give_up = now + ch->o.peer_timeout_ns;
+    if (now > give_up) goto drop;
+    if (i < 64) cxr__cpu_relax(); else sched_yield();
+  }
+  cxr__bell_ring(&sc->blk->resp.futex, &sc->blk->resp.sleepers);
+  return;
+drop:
+  CXR_DEBUG("channel %s: connection %u: response ring full, dropping a response", ch->name,
+            sc->index);
+  cxr__sconn_free_result(sc, r->ptr);
+  CXR__ADD(&sc->slot->srv.errors, 1);
+}
+
+/* Validates one request (already copied out of the ring) and answers it. */
+static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
+  cxr__srv_ctr *ctr = &sc->slot->srv;
+  cxr__desc r;
+  memset(&r, 0, sizeof r);
+  r.call_id = d->call_id;
+  r.method = d->method;
+  unsigned char inl[CXR__INLINE_MAX] __attribute__((aligned(16)));
+  void *result = NULL;
+  int st = 0;
+  const cxr__method *m = NULL;
+  cxr_call call = {.ch = ch, .sc = sc, .call_id = d->call_id, .method = d->method,
+                   .flags = d->flags, .seal = d->seal, .deadline = d->deadline};
+  uint32_t idx = (uint32_t)d->call_id, gen = (uint32_t)(d->call_id >> 32);
+  if ((d->flags & ~(uint32_t)(CXR_CALL_SEAL | CXR_CALL_INLINE)) != 0 || gen == 0 ||
+      idx >= ch->o.ring_slots) {
+    st = CXR_EPROTO;
+  } else if ((m = cxr__method_find(ch, d->method)) == NULL) {
+    st = CXR_ENOMETHOD;
+  } else if (d->flags & CXR_CALL_INLINE) {
+    if (d->len > CXR__INLINE_MAX || d->ptr != 0) {
+      st = CXR_EPROTO;
+    } else {
+      memcpy(inl, d->data, d->len);
+      call.args = inl;
+      call.arg_len = d->len;
+    }
+  } else if (d->ptr != 0) {
+    if (d->len > cxr_heap_size(sc->heap) ||
+        !cxr_heap_contains(sc->heap, (const void *)(uintptr_t)d->ptr, d->len ? d->len : 1)) {
+      st = CXR_EBADPTR;
+    } else {
+      call.args = (const void *)(uintptr_t)d->ptr;
+      call.arg_len = d->len;
+    }
+  } else if (d->len != 0) {
+    st = CXR_EBADPTR;
+  }
+  if (st == 0 && d->deadline != 0 && cxr_now_ns() > d->deadline) {
+    st = CXR_ETIMEDOUT; /* the caller has given up: do not run it */
+    CXR__ADD(&ctr->expired, 1);
+  } else if (st == 0) {
+    CXR__ADD(&ctr->inflight, 1);
+    st = cxr__dispatch(&call, m->fn, m->user, &result);
+    CXR__ADD(&ctr->inflight, (uint64_t)-1);
+    if (result != NULL && !cxr_heap_contains(sc->heap, result, 1)) {
+      CXR_WARN("channel %s: handler for method %u returned a pointer outside the connection heap",
+               ch->name, d->method);
+      st = CXR_EBADPTR;
+      result = NULL;
+    }
+    if (st > 0 || st < CXR_ERRNO_MIN) st = CXR_EIO;
+  } else {
+    CXR__ADD(&ctr->malformed, 1);
+  }
+  CXR__ADD(&ctr->calls, 1);
+  CXR__ADD(&ctr->bytes_in, call.arg_len);
+  if (st != 0) CXR__ADD(&ctr->errors, 1);
+  if (result != NULL) CXR__ADD(&ctr->bytes_out, cxr_heap_usable_size(sc->heap, result));
+  r.status = st;
+  r.ptr = (uint64_t)(uintptr_t)result;
+  push_response(ch, sc, &r);
+}
+
+/* One pass over the active connections. Returns how many calls it handled. */
+static unsigned poll_once(cxr_channel *ch) {
+  cxr__chan_block *cb = ch->cb;
+  unsigned words = (ch->o.max_conns + 63) / 64, n = 0;
+  for (unsigned w = 0; w < words; w++) {
+    uint64_t bits = CXR__LD(&cb->active[w]);
+    while (bits) {
+      unsigned k = w * 64 + (unsigned)__builtin_ctzll(bits);
+      bits &= bits - 1;
+      if (k >= ch->o.max_conns) break;
+      cxr__sconn *sc = &ch->conns[k];
+      if (!__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE)) continue;
+      if (!cxr__ring_nonempty(&sc->req)) continue;
+      __atomic_fetch_add(&sc->inflight, 1, __ATOMIC_SEQ_CST);
+      if (!__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST)) {
+        cxr__desc d;
+        for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
+          handle(ch, sc, &d);
+          n++;
+        }
+      }
+      __atomic_fetch_sub(&sc->inflight, 1, __ATOMIC_SEQ_CST);
+    }
+  }
+  return n;
+}
+
+static bool any_request(cxr_channel *ch) {
+  unsigned words = (ch->o.max_conns + 63) / 64;
+  for (unsigned w = 0; w < words; w++) {
+    uint64_t bits = CXR__LD(&ch->cb->active[w]);
+    while (bits) {
+      unsigned k = w * 64 + (unsigned)__builtin_ctzll(bits);
+      bits &= bits - 1;
+      if (k >= ch->o.max_conns) break;
+      cxr__sconn *sc = &ch->conns[k];
+      if (__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) && cxr__ring_nonempty(&sc->req)) return true;
+    }
+  }
+  return false;
+}
+
+void *cxr__worker_main(void *arg) {
+  cxr_channel *ch = arg;
+  cxr__chan_block *cb = ch->cb;
+  const int64_t base_spin = cxr__spin_ns(), yield_ns = cxr__yield_ns();
+  int64_t spin = base_spin;
+  int64_t last = cxr_now_ns();
+  while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
+    if (poll_once(ch) != 0) {
+      last = cxr_now_ns();
+      continue;
+    }
+    int64_t idle = cxr_now_ns() - last;
+    if (idle < spin) {
+      for (int i = 0; i < 32; i++) cxr__cpu_relax();
+      continue;
+    }
+    if (idle < spin + yield_ns) {
+      sched_yield();
+      continue;
+    }
+    /* Sleep until a client rings (or a second passes: stop is also rung). */
+    uint32_t v = __atomic_load_n(&cb->doorbell, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
+    int64_t slept = cxr_now_ns();
+    if (!any_request(ch) && !__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
+      cxr__futex_wait(&cb->doorbell, v, 1000000000);
+    __atomic_fetch_sub(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
+    last = cxr_now_ns();
+    /* Adapt: woken soon after falling asleep means calls come at a pace the spin window
+     * just missed, so widen it (up to 1 ms); a long sleep shrinks it back. */
+    if (last - slept < 4 * spin) {
+      if (spin < 1000000) spin *= 2;
+    } else if (spin > base_spin) {
+      spin /= 2;
+    }
+  }
+  return NULL;
+}

@@ -1,0 +1,60 @@
+/* Private to rpc/: the server's process-local view of a channel (channel.c, serve.c). */
+#ifndef CXRPC_RPC_SERVER_H
+#define CXRPC_RPC_SERVER_H
+
+#include <pthread.h>
+
+#include "rpc/internal.h"
+#include "shm/proc.h"
+
+#define CXR__METHOD_SLOTS 512u  /* open-addressing table; at most half used */
+
+/* One connection slot as the server sees it: its own mapping and ring views. */
+typedef struct cxr__sconn {
+  cxr_heap *heap;            /* NULL while the slot has no heap */
+  cxr__conn_block *blk;
+  cxr__rview req, resp;
+  cxr__cslot *slot;          /* in the control block */
+  unsigned index;
+  uint32_t gen;              /* generation of the current tenancy */
+  int live;                  /* atomic: workers may poll it */
+  int inflight;              /* atomic: workers inside it right now */
+  int retiring;              /* atomic: the manager is taking it back */
+  cxr__proc_id client;       /* owner, read once after it claimed the slot */
+  size_t baseline_used;      /* heap bytes used by a fresh connection */
+  bool pending, pending_dead; /* manager: a recycle waits for workers to leave */
+} cxr__sconn;
+
+typedef struct cxr__method {
+  uint32_t id;
+  bool used;
+  cxr_handler fn;
+  void *user;
+} cxr__method;
+
+struct cxr_channel {
+  cxr_channel_opts o;
+  char name[CXR__CHAN_NAME_MAX + 1];
+  cxr_heap *ctl;
+  cxr__chan_block *cb;
+  cxr__sconn *conns;
+  cxr__method methods[CXR__METHOD_SLOTS];
+  unsigned nmethods;
+  cxr__proc_id self;
+  uint32_t heap_seq;         /* makes heap names unique */
+  int stop;                  /* atomic */
+  int running;               /* atomic: serve/start in progress */
+  bool background;           /* threads came from cxr_channel_start */
+  pthread_t *threads;        /* workers (and the manager last) */
+  unsigned nthreads;
+  pthread_mutex_t lock;      /* serialises start/stop/close */
+};
+
+/* serve.c */
+void *cxr__worker_main(void *arg);
+/* channel.c */
+void *cxr__manager_main(void *arg);
+const cxr__method *cxr__method_find(const cxr_channel *ch, uint32_t id);
+void cxr__sconn_free_result(cxr__sconn *sc, uint64_t ptr);
+
+#endif

@@ -1,0 +1,60 @@
+/* The waiting toolkit: futexes on shared words (not FUTEX_PRIVATE: the waker is another
+ * process) and the spin budgets. Protocol for every sleeper/waker pair:
+ *   sleeper: v = futex; sleepers++; fence; re-check the condition; wait(futex, v); sleepers--
+ *   waker:   publish; fence; if (sleepers) { futex++; wake }
+ * Either the sleeper sees the work on its re-check, or the waker sees the sleeper and the
+ * futex value changes, so FUTEX_WAIT returns at once. A busy peer never pays a syscall. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rpc/internal.h"
+
+void cxr__futex_wait(uint32_t *w, uint32_t val, int64_t timeout_ns) {
+  if (timeout_ns <= 0) return;
+  struct timespec ts = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
+  syscall(SYS_futex, w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+void cxr__futex_wake(uint32_t *w, int n) { syscall(SYS_futex, w, FUTEX_WAKE, n, NULL, NULL, 0); }
+
+void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers) {
+  CXR__FENCE();
+  if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0) {
+    __atomic_fetch_add(futex, 1, __ATOMIC_SEQ_CST);
+    cxr__futex_wake(futex, INT_MAX);
+  }
+}
+
+static int64_t env_ns(const char *name, int64_t dflt, int64_t max) {
+  const char *s = getenv(name);
+  if (s == NULL || *s == '\0') return dflt;
+  char *end;
+  long long v = strtoll(s, &end, 10);
+  if (*end != '\0' || v < 0) return dflt;
+  return v > max ? max : v;
+}
+
+int64_t cxr__spin_ns(void) {
+  static int64_t v = -1;
+  int64_t x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+  if (x < 0) {
+    x = env_ns("CXRPC_SPIN_NS", 50000, 100000000);
+    __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+  }
+  return x;
+}
+
+int64_t cxr__yield_ns(void) {
+  static int64_t v = -1;
+  int64_t x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+  if (x < 0) {
+    x = env_ns("CXRPC_YIELD_NS", 200000, 100000000);
+    __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+  }
+  return x;
+}

@@ -1,0 +1,439 @@
+// Calls with server and client in one process (the channel serves on background threads):
+// results, inline arguments, many threads with many calls in flight, futures (wait, poll,
+// callback), deadlines with late answers discarded, cancel, malformed descriptors, errors
+// and the counters read from outside.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "rpc/internal.h"
+#include "tests/rpc/methods.h"
+#include "tests/rpc/util.h"
+
+using namespace rpctest;
+
+namespace {
+
+class Call : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { setup_root("rpc-call"); }
+  void SetUp() override {
+    name = uniq("call");
+    cxr_channel_opts o;
+    cxr_channel_opts_init(&o);
+    o.conn_heap_size = 8u << 20;
+    o.workers = 2;
+    ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
+    ASSERT_EQ(register_methods(ch), 0);
+    ASSERT_EQ(cxr_channel_start(ch), 0);
+    ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+    h = cxr_conn_heap(c);
+    ASSERT_NE(h, nullptr);
+  }
+  void TearDown() override {
+    cxr_conn_close(c);
+    cxr_channel_close(ch);
+  }
+  int64_t add(int64_t a, int64_t b, int *rc, unsigned flags = 0) {
+    cxr_call_opts o;
+    cxr_call_opts_init(&o);
+    o.flags = flags;
+    add_args local = {a, b}, *args = &local;
+    if (!(flags & CXR_CALL_INLINE)) {
+      args = (add_args *)cxr_heap_alloc(h, sizeof *args);
+      *args = local;
+    } else {
+      o.arg_len = sizeof local;
+    }
+    void *res = nullptr;
+    *rc = cxr_conn_call(c, M_ADD, args, &res, &o);
+    if (args != &local) cxr_heap_free(h, args);
+    int64_t v = res ? *(int64_t *)res : -1;
+    if (res) cxr_heap_free(h, res);
+    return v;
+  }
+  cxr_future *sleep_async(int64_t ms, int64_t deadline_ns) {
+    sleep_args *a = (sleep_args *)cxr_heap_alloc(h, sizeof *a);
+    a->ms = ms;
+    cxr_call_opts o;
+    cxr_call_opts_init(&o);
+    o.deadline_ns = deadline_ns;
+    o.flags = CXR_CALL_INLINE;
+    o.arg_len = sizeof *a;
+    cxr_future *f = nullptr;
+    EXPECT_EQ(cxr_conn_call_async(c, M_SLEEP, a, &f, &o), 0);
+    cxr_heap_free(h, a);
+    return f;
+  }
+  cxr_conn_info info() {
+    cxr_conn_info ci[8];
+    size_t n = 0;
+    EXPECT_EQ(cxr_channel_inspect(name.c_str(), nullptr, ci, 8, &n), 0);
+    for (size_t i = 0; i < n && i < 8; i++)
+      if (strcmp(ci[i].state, "connected") == 0) return ci[i];
+    return cxr_conn_info{};
+  }
+  std::string name;
+  cxr_channel *ch = nullptr;
+  cxr_conn *c = nullptr;
+  cxr_heap *h = nullptr;
+};
+
+TEST_F(Call, ResultsInHeapAndInline) {
+  int rc;
+  EXPECT_EQ(add(40, 2, &rc), 42);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(add(-7, 3, &rc, CXR_CALL_INLINE), -4);
+  EXPECT_EQ(rc, 0);
+  void *res = (void *)1;
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, &res, nullptr), 0);
+  EXPECT_EQ(res, nullptr);
+  EXPECT_EQ(cxr_conn_call(c, M_FAIL, nullptr, &res, nullptr), CXR_EPERM);
+  EXPECT_EQ(cxr_conn_call(c, 999, nullptr, &res, nullptr), CXR_ENOMETHOD);
+  char *buf = (char *)cxr_heap_alloc(h, 4000);
+  for (int i = 0; i < 4000; i++) buf[i] = (char)i;
+  ASSERT_EQ(cxr_conn_call(c, M_ECHO, buf, &res, nullptr), 0);
+  ASSERT_NE(res, nullptr);
+  EXPECT_EQ(memcmp(res, buf, 4000), 0);
+  EXPECT_NE(res, (void *)buf);
+  cxr_heap_free(h, res);
+  cxr_heap_free(h, buf);
+}
+
+TEST_F(Call, ArgumentsAreChecked) {
+  int local = 0;
+  void *res;
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, &local, &res, nullptr), CXR_EBADPTR);
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = CXR__INLINE_MAX + 1;
+  char big[CXR__INLINE_MAX + 1] = {};
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, big, &res, &o), CXR_EINVAL);
+  o.flags = 1u << 7;
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, &res, &o), CXR_EINVAL);
+  o.flags = CXR_CALL_SEAL;
+  void *p = cxr_heap_alloc(h, 64);
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, p, &res, &o), CXR_ENOSYS);  // until sandbox/ lands
+  cxr_heap_free(h, p);
+  EXPECT_EQ(cxr_conn_call(nullptr, M_NOOP, nullptr, &res, nullptr), CXR_EINVAL);
+  cxr_conn *c2;
+  EXPECT_EQ(cxr_connect(&c2, "ucx://127.0.0.1:7400/x", nullptr), CXR_ENOSYS);
+  EXPECT_EQ(cxr_connect(&c2, "no-such-channel", nullptr), CXR_ENOENT);
+  EXPECT_EQ(cxr_connect(&c2, "bad://x", nullptr), CXR_EINVAL);
+  cxr_channel *dup;
+  EXPECT_EQ(cxr_channel_open(&dup, name.c_str(), nullptr), CXR_EEXIST);
+  EXPECT_EQ(cxr_channel_open(&dup, "bad/name", nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr_channel_on(ch, 77, m_noop, nullptr), CXR_EBUSY);
+}
+
+TEST_F(Call, ManyThreadsManyCallsInFlight) {
+  const int threads = 4, rounds = 150, depth = 16;
+  std::atomic<int> bad{0}, good{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; t++)
+    ts.emplace_back([&, t] {
+      for (int r = 0; r < rounds; r++) {
+        cxr_future *f[depth];
+        add_args *a[depth];
+        for (int i = 0; i < depth; i++) {
+          a[i] = (add_args *)cxr_heap_alloc(h, sizeof(add_args));
+          a[i]->a = t * 1000000 + r * 100;
+          a[i]->b = i;
+          if (cxr_conn_call_async(c, M_ADD, a[i], &f[i], nullptr) != 0) {
+            bad++;
+            f[i] = nullptr;
+          }
+        }
+        for (int i = 0; i < depth; i++) {
+          if (!f[i]) continue;
+          void *res = nullptr;
+          int rc = cxr_future_wait(f[i], 0, &res);
+          if (rc == 0 && res && *(int64_t *)res == t * 1000000 + r * 100 + i) good++;
+          else bad++;
+          if (res) cxr_heap_free(h, res);
+          cxr_future_free(f[i]);
+          cxr_heap_free(h, a[i]);
+        }
+      }
+    });
+  for (auto &t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(good.load(), threads * rounds * depth);
+  cxr_conn_info ci = info();
+  EXPECT_GE(ci.calls, (uint64_t)(threads * rounds * depth));
+  EXPECT_EQ(ci.stray, 0u);
+}
+
+TEST_F(Call, FuturesWaitPollAndCallback) {
+  // wait
+  cxr_future *f = sleep_async(1, 0);
+  ASSERT_NE(f, nullptr);
+  void *res = nullptr;
+  EXPECT_EQ(cxr_future_wait(f, 0, &res), 0);
+  ASSERT_NE(res, nullptr);
+  EXPECT_EQ(*(int64_t *)res, 1);
+  cxr_heap_free(h, res);
+  cxr_future_free(f);
+  // a wait shorter than the call: the call stays pending
+  f = sleep_async(100, 0);
+  EXPECT_EQ(cxr_future_wait(f, 1000000, &res), CXR_EAGAIN);
+  EXPECT_EQ(cxr_future_wait(f, 0, &res), 0);
+  cxr_heap_free(h, res);
+  cxr_future_free(f);
+  // poll
+  f = sleep_async(5, 0);
+  int rc = CXR_EAGAIN;
+  int64_t t0 = cxr_now_ns();
+  while ((rc = cxr_future_poll(f, &res)) == CXR_EAGAIN && ms_since(t0) < 10000) usleep(100);
+  EXPECT_EQ(rc, 0);
+  ASSERT_NE(res, nullptr);
+  EXPECT_EQ(*(int64_t *)res, 5);
+  cxr_heap_free(h, res);
+  cxr_future_free(f);
+  // callbacks: pending ones run on the library thread, finished ones at once
+  struct Got {
+    std::atomic<int> n{0}, sum{0};
+    std::atomic<bool> other_thread{false};
+    std::thread::id me;
+    cxr_heap *h;
+  } got;
+  got.me = std::this_thread::get_id();
+  got.h = h;
+  auto cb = [](int err, void *result, void *user) {
+    Got *g = (Got *)user;
+    if (err == 0 && result) g->sum += (int)*(int64_t *)result;
+    if (result) cxr_heap_free(g->h, result);
+    if (std::this_thread::get_id() != g->me) g->other_thread = true;
+    g->n++;
+  };
+  cxr_future *fs[8];
+  for (int i = 0; i < 8; i++) {
+    fs[i] = sleep_async(i + 1, 0);
+    ASSERT_EQ(cxr_future_then(fs[i], cb, &got), 0);
+  }
+  EXPECT_EQ(cxr_future_then(fs[0], cb, &got), CXR_EBUSY);
+  EXPECT_TRUE(eventually([&] { return got.n.load() == 8; }, 10000));
+  EXPECT_EQ(got.sum.load(), 36);
+  EXPECT_TRUE(got.other_thread.load());
+  for (auto *x : fs) cxr_future_free(x);
+  f = sleep_async(0, 0);
+  EXPECT_EQ(cxr_future_wait(f, 0, nullptr), 0);
+  got.me = std::this_thread::get_id();
+  got.other_thread = false;
+  ASSERT_EQ(cxr_future_then(f, cb, &got), 0);  // already done: runs here, now
+  EXPECT_EQ(got.n.load(), 9);
+  EXPECT_FALSE(got.other_thread.load());
+  cxr_future_free(f);
+}
+
+TEST_F(Call, DeadlineExpiresAndTheLateAnswerIsDiscarded) {
+  cxr_heap_stats st0;
+  ASSERT_EQ(cxr_heap_stats(h, &st0), 0);
+  for (int i = 0; i < 5; i++) {
+    sleep_args a = {50};
+    cxr_call_opts o;
+    cxr_call_opts_init(&o);
+    o.flags = CXR_CALL_INLINE;
+    o.arg_len = sizeof a;
+    o.deadline_ns = 5000000;
+    void *res = (void *)1;
+    int64_t t0 = cxr_now_ns();
+    EXPECT_EQ(cxr_conn_call(c, M_SLEEP, &a, &res, &o), CXR_ETIMEDOUT);
+    EXPECT_EQ(res, nullptr);
+    EXPECT_LT(ms_since(t0), 45);  // returned at the deadline, not with the answer
+  }
+  // The late answers arrive, are recognised and their results freed.
+  EXPECT_TRUE(eventually([&] {
+    int rc;
+    add(1, 1, &rc);  // drains the ring
+    return info().late >= 5;
+  }, 10000));
+  cxr_conn_info ci = info();
+  EXPECT_GE(ci.timeouts, 5u);
+  EXPECT_EQ(ci.stray, 0u);
+  int rc;
+  EXPECT_EQ(add(2, 3, &rc), 5);
+  EXPECT_EQ(rc, 0);
+  // An expired request still in the queue is not run by the server.
+  sleep_args a = {30};
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = sizeof a;
+  cxr_future *f1, *f2, *f3;
+  ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f1, &o), 0);
+  ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f2, &o), 0);
+  o.deadline_ns = 1000000;
+  ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f3, &o), 0);
+  EXPECT_EQ(cxr_future_wait(f3, 0, nullptr), CXR_ETIMEDOUT);
+  for (auto *f : {f1, f2}) {
+    void *res;
+    EXPECT_EQ(cxr_future_wait(f, 0, &res), 0);
+    cxr_heap_free(h, res);
+    cxr_future_free(f);
+  }
+  cxr_future_free(f3);
+  EXPECT_TRUE(eventually([&] { return info().expired + info().late >= 6; }, 10000));
+  cxr_heap_stats st1;
+  ASSERT_EQ(cxr_heap_stats(h, &st1), 0);
+  EXPECT_LE(st1.used, st0.used + 4096);  // late results did not pile up
+}
+
+TEST_F(Call, CancelEndsTheCall) {
+  cxr_future *f = sleep_async(100, 0);
+  int64_t t0 = cxr_now_ns();
+  EXPECT_EQ(cxr_future_cancel(f), 0);
+  void *res = (void *)1;
+  EXPECT_EQ(cxr_future_wait(f, 0, &res), CXR_ECANCELED);
+  EXPECT_EQ(res, nullptr);
+  EXPECT_LT(ms_since(t0), 90);
+  EXPECT_EQ(cxr_future_poll(f, &res), CXR_ECANCELED);
+  cxr_future_free(f);  // before the late answer: it is released when it comes
+  f = sleep_async(0, 0);
+  EXPECT_EQ(cxr_future_wait(f, 0, &res), 0);
+  EXPECT_EQ(cxr_future_cancel(f), CXR_EBUSY);  // already ended
+  cxr_heap_free(h, res);
+  cxr_future_free(f);
+  EXPECT_TRUE(eventually([&] {
+    int rc;
+    add(1, 1, &rc);
+    return info().late >= 1;
+  }, 10000));
+  EXPECT_EQ(info().cancels, 1u);
+}
+
+TEST_F(Call, MalformedDescriptorsGetErrorReplies) {
+  uint32_t n = cxr__conn_table_size(c);
+  struct Case {
+    const char *what;
+    cxr__desc d;
+    int want;
+  };
+  std::vector<Case> cases;
+  auto base = [&](uint64_t id) {
+    cxr__desc d;
+    memset(&d, 0, sizeof d);
+    d.call_id = id;
+    d.method = M_NOOP;
+    return d;
+  };
+  uint64_t good_id = (uint64_t)7 << 32 | 3;
+  Case k{"bad method", base(good_id), CXR_ENOMETHOD};
+  k.d.method = 12345;
+  cases.push_back(k);
+  k = {"pointer outside the heap", base(good_id), CXR_EBADPTR};
+  k.d.ptr = (uint64_t)(uintptr_t)&n;
+  k.d.len = 4;
+  k.d.method = M_ADD;
+  cases.push_back(k);
+  k = {"length beyond the heap", base(good_id), CXR_EBADPTR};
+  k.d.ptr = (uint64_t)(uintptr_t)cxr_heap_base(h) + 4096;
+  k.d.len = cxr_heap_size(h);
+  k.d.method = M_ADD;
+  cases.push_back(k);
+  k = {"call id with generation 0", base(5), CXR_EPROTO};
+  cases.push_back(k);
+  k = {"call id index beyond the table", base((uint64_t)1 << 32 | n), CXR_EPROTO};
+  cases.push_back(k);
+  k = {"inline length too big", base(good_id), CXR_EPROTO};
+  k.d.flags = CXR_CALL_INLINE;
+  k.d.len = 1000;
+  cases.push_back(k);
+  k = {"unknown flags", base(good_id), CXR_EPROTO};
+  k.d.flags = 1u << 9;
+  cases.push_back(k);
+  k = {"length without pointer", base(good_id), CXR_EBADPTR};
+  k.d.len = 64;
+  cases.push_back(k);
+  for (auto &cs : cases) {
+    ASSERT_EQ(cxr__conn_push_raw(c, &cs.d), 0) << cs.what;
+    cxr__desc r;
+    ASSERT_EQ(cxr__conn_pop_raw(c, &r, 5000000000), 0) << cs.what;
+    EXPECT_EQ(r.call_id, cs.d.call_id) << cs.what;
+    EXPECT_EQ(r.status, cs.want) << cs.what;
+    EXPECT_EQ(r.ptr, 0u) << cs.what;
+  }
+  EXPECT_GE(info().malformed, cases.size());
+  int rc;
+  EXPECT_EQ(add(20, 22, &rc), 42);  // the server is still fine
+  EXPECT_EQ(rc, 0);
+}
+
+TEST_F(Call, StrayResponsesAreDropped) {
+  // A response for a call id nobody waits for (a confused or hostile server).
+  cxr__desc d;
+  memset(&d, 0, sizeof d);
+  d.call_id = (uint64_t)999 << 32 | 1;  // generation that does not match
+  d.method = M_NOOP;
+  ASSERT_EQ(cxr__conn_push_raw(c, &d), 0);  // the server answers it as a normal no-op call
+  int rc;
+  EXPECT_TRUE(eventually([&] {
+    add(1, 2, &rc);
+    return info().stray >= 1;
+  }, 5000));
+  EXPECT_EQ(add(1, 2, &rc), 3);
+}
+
+TEST_F(Call, ClosingTheChannelEndsPendingCalls) {
+  cxr_future *f = sleep_async(200, 10000000000);
+  usleep(20000);
+  int64_t t0 = cxr_now_ns();
+  std::thread closer([&] {
+    cxr_channel_close(ch);
+    ch = nullptr;
+  });
+  void *res;
+  int rc = cxr_future_wait(f, 0, &res);
+  EXPECT_TRUE(rc == CXR_ECLOSED || rc == 0) << cxr_strerror(rc);
+  if (rc == 0) cxr_heap_free(h, res);
+  closer.join();
+  EXPECT_LT(ms_since(t0), 5000);
+  cxr_future_free(f);
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, &res, nullptr), CXR_ECLOSED);
+}
+
+TEST_F(Call, InspectSeesTheChannelFromOutside) {
+  int rc;
+  for (int i = 0; i < 10; i++) add(i, i, &rc);
+  cxr_channel_info ci[16];
+  size_t n = 0;
+  ASSERT_EQ(cxr_channel_list(ci, 16, &n), 0);
+  bool found = false;
+  for (size_t i = 0; i < n && i < 16; i++)
+    if (name == ci[i].name) {
+      found = true;
+      EXPECT_TRUE(ci[i].open);
+      EXPECT_TRUE(ci[i].server_alive);
+      EXPECT_EQ(ci[i].server_pid, getpid());
+      EXPECT_EQ(ci[i].connected, 1u);
+      EXPECT_GE(ci[i].connects, 1u);
+    }
+  EXPECT_TRUE(found);
+  cxr_conn_info k = info();
+  EXPECT_GE(k.calls, 10u);
+  EXPECT_GE(k.client_calls, 10u);
+  EXPECT_EQ(k.client_pid, getpid());
+  EXPECT_TRUE(k.client_alive);
+}
+
+TEST_F(Call, PermissionsDecideWhoConnects) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to switch to another user";
+  std::string path = peer_path();
+  pid_t pid = fork();
+  if (pid == 0) {  // only async-signal-safe calls until exec: the parent has threads
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    execl(path.c_str(), path.c_str(), "connect", name.c_str(), "0", (char *)nullptr);
+    _exit(11);
+  }
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 10) GTEST_SKIP() << "cannot change user here (user namespace)";
+  // rpc_peer connect exits with -rc: the channel's files are 0600, owned by root.
+  EXPECT_EQ(WEXITSTATUS(st), -CXR_EACCES);
+}
+
+}  // namespace

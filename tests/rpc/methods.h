@@ -1,0 +1,79 @@
+/* Methods served by the rpc test server (rpc_peer and in-process tests). */
+#ifndef CXRPC_TESTS_RPC_METHODS_H
+#define CXRPC_TESTS_RPC_METHODS_H
+
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cxrpc/rpc.h>
+
+enum { M_NOOP = 1, M_ADD = 2, M_SLEEP = 3, M_FAIL = 4, M_ECHO = 5, M_PID = 6 };
+
+typedef struct add_args { int64_t a, b; } add_args;
+typedef struct sleep_args { int64_t ms; } sleep_args;
+
+static inline int m_noop(cxr_call *c, const void *a, void **r, void *u) {
+  (void)c, (void)a, (void)r, (void)u;
+  return 0;
+}
+static inline int m_add(cxr_call *c, const void *a, void **r, void *u) {
+  (void)u;
+  if (a == NULL) return CXR_EINVAL;
+  const add_args *x = (const add_args *)a;
+  int64_t *out = (int64_t *)cxr_heap_alloc(cxr_call_heap(c), sizeof *out);
+  if (out == NULL) return CXR_ENOMEM;
+  *out = x->a + x->b;
+  *r = out;
+  return 0;
+}
+static inline int m_sleep(cxr_call *c, const void *a, void **r, void *u) {
+  (void)u;
+  if (a == NULL) return CXR_EINVAL;
+  int64_t ms = ((const sleep_args *)a)->ms;
+  if (ms < 0 || ms > 60000) return CXR_EINVAL;
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+  int64_t *out = (int64_t *)cxr_heap_alloc(cxr_call_heap(c), sizeof *out);
+  if (out == NULL) return CXR_ENOMEM;
+  *out = ms;
+  *r = out;
+  return 0;
+}
+static inline int m_fail(cxr_call *c, const void *a, void **r, void *u) {
+  (void)c, (void)a, (void)r, (void)u;
+  return CXR_EPERM;
+}
+static inline int m_echo(cxr_call *c, const void *a, void **r, void *u) {
+  (void)u;
+  cxr_heap *h = cxr_call_heap(c);
+  size_t n = a ? cxr_heap_usable_size(h, a) : 0;
+  if (a == NULL) return 0;
+  void *out = cxr_heap_alloc(h, n);
+  if (out == NULL) return CXR_ENOMEM;
+  memcpy(out, a, n);
+  *r = out;
+  return 0;
+}
+static inline int m_pid(cxr_call *c, const void *a, void **r, void *u) {
+  (void)a, (void)u;
+  int64_t *out = (int64_t *)cxr_heap_alloc(cxr_call_heap(c), sizeof *out);
+  if (out == NULL) return CXR_ENOMEM;
+  *out = getpid();
+  *r = out;
+  return 0;
+}
+
+static inline int register_methods(cxr_channel *ch) {
+  int rc = 0;
+  rc |= cxr_channel_on(ch, M_NOOP, m_noop, NULL);
+  rc |= cxr_channel_on(ch, M_ADD, m_add, NULL);
+  rc |= cxr_channel_on(ch, M_SLEEP, m_sleep, NULL);
+  rc |= cxr_channel_on(ch, M_FAIL, m_fail, NULL);
+  rc |= cxr_channel_on(ch, M_ECHO, m_echo, NULL);
+  rc |= cxr_channel_on(ch, M_PID, m_pid, NULL);
+  return rc;
+}
+
+#endif

@@ -1,0 +1,77 @@
+/* A peer process for the multi-process rpc tests (started with posix_spawn):
+ *   rpc_peer server NAME WORKERS   serve the test methods; print "ready\n"; stop on SIGTERM
+ *   rpc_peer client NAME MS        connect, print "connected\n", call M_SLEEP(MS) forever
+ *   rpc_peer connect NAME 0        exit with -(cxr_connect's code)
+ * Both print to stdout (a pipe to the test) and exit non-zero on errors. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cxrpc/rpc.h>
+
+#include "tests/rpc/methods.h"
+
+static int server(const char *name, unsigned workers) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL); /* worker threads inherit the mask */
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  o.workers = workers;
+  o.conn_heap_size = 8u << 20;
+  cxr_channel *ch;
+  int rc = cxr_channel_open(&ch, name, &o);
+  if (rc != 0) {
+    fprintf(stderr, "rpc_peer: open %s: %s\n", name, cxr_strerror(rc));
+    return 1;
+  }
+  if (register_methods(ch) != 0 || cxr_channel_start(ch) != 0) return 1;
+  printf("ready\n");
+  fflush(stdout);
+  int sig;
+  sigwait(&set, &sig);
+  cxr_channel_close(ch);
+  return 0;
+}
+
+static int client(const char *name, int64_t ms) {
+  cxr_conn *c;
+  int rc = cxr_connect(&c, name, NULL);
+  if (rc != 0) {
+    fprintf(stderr, "rpc_peer: connect %s: %s\n", name, cxr_strerror(rc));
+    return 1;
+  }
+  printf("connected\n");
+  fflush(stdout);
+  for (;;) {
+    sleep_args *a = (sleep_args *)cxr_heap_alloc(cxr_conn_heap(c), sizeof *a);
+    if (a == NULL) return 2;
+    a->ms = ms;
+    cxr_call_opts co;
+    cxr_call_opts_init(&co);
+    co.deadline_ns = 60000000000;
+    void *res = NULL;
+    rc = cxr_conn_call(c, M_SLEEP, a, &res, &co);
+    cxr_heap_free(cxr_conn_heap(c), a);
+    if (res) cxr_heap_free(cxr_conn_heap(c), res);
+    if (rc != 0) return 3;
+  }
+}
+
+/* Exits with -rc of cxr_connect (0 when it connected). */
+static int try_connect(const char *name) {
+  cxr_conn *c;
+  int rc = cxr_connect(&c, name, NULL);
+  if (rc == 0) cxr_conn_close(c);
+  return -rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "connect") == 0) return try_connect(argv[2]);
+  if (argc == 4 && strcmp(argv[1], "server") == 0) return server(argv[2], (unsigned)atoi(argv[3]));
+  if (argc == 4 && strcmp(argv[1], "client") == 0) return client(argv[2], atoll(argv[3]));
+  fprintf(stderr, "usage: rpc_peer server NAME WORKERS | client NAME MS\n");
+  return 2;
+}
