@@ -169,6 +169,8 @@ void cxr__heap_format(cxr__hdr *hdr) {
   if (hdr->npages > 0) run_make_free(hdr, 0, (uint32_t)hdr->npages);
 }
 
+_Thread_local int cxr__lock_reaped;
+
 int cxr__heap_lock(cxr_heap *h) {
   int rc = pthread_mutex_lock(&h->hdr->lock);
   if (rc == 0) return 0;
@@ -176,7 +178,7 @@ int cxr__heap_lock(cxr_heap *h) {
     /* A holder died inside an allocator operation: lists may be half-updated. */
     CXR_WARN("heap %s: a lock holder died; rebuilding free lists", h->hdr->name);
     cxr__heap_rebuild(h->hdr, NULL);
-    cxr__heap_reap_locked(h);
+    cxr__lock_reaped += cxr__heap_reap_locked(h);
     pthread_mutex_consistent(&h->hdr->lock);
     return 0;
   }

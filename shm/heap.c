@@ -19,6 +19,13 @@
 #include "shm/proc.h"
 #include "shm/registry.h"
 
+/* Bounded copy that always terminates (names and paths were length-checked before). */
+static void copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
 void cxr_heap_opts_init(cxr_heap_opts *o) {
   if (o == NULL) return;
   memset(o, 0, sizeof *o);
@@ -113,9 +120,11 @@ int cxr__heap_reap_locked(cxr_heap *h) {
 int cxr_heap_reap(cxr_heap *h) {
   int rc = cxr__heap_ready(h);
   if (rc) return rc;
+  cxr__lock_reaped = 0;
   rc = cxr__heap_lock(h);
   if (rc) return rc;
-  int n = cxr__heap_reap_locked(h);
+  int n = cxr__heap_reap_locked(h) + cxr__lock_reaped;
+  cxr__lock_reaped = 0;
   cxr__slot_renew(h);
   cxr__heap_unlock(h);
   return n;
@@ -202,7 +211,7 @@ static int map_new(int fd, const cxr__hdr *hdr, const char *name, cxr__map **out
     free(m);
     return rc;
   }
-  snprintf(m->name, sizeof m->name, "%s", name);
+  copy_str(m->name, sizeof m->name, name);
   m->generation = hdr->generation;
   m->addr = hdr->addr;
   m->size = hdr->size;
@@ -291,7 +300,8 @@ static void sweep(cxr__reg *r, cxr__reg_entry *only) {
     cxr__reg_entry *e = &r->f->e[i];
     if (!e->used || (only && e != only)) continue;
     if (!(e->flags & (CXR_REG_UNLINKED | CXR_HF_REMOVE_ON_CLOSE))) continue;
-    if (map_find(e->name, e->generation) != NULL) continue; /* held by this process */
+    cxr__map *m = map_find(e->name, e->generation);
+    if (m != NULL && m->refs > 0) continue; /* held by this process */
     peek pk;
     peek_heap(e, &pk);
     if (pk.ok && pk.live > 0) continue;
@@ -312,7 +322,7 @@ static void format(cxr__hdr *hdr, const char *name, uint64_t size, uint64_t addr
   hdr->size = size;
   hdr->addr = addr;
   hdr->generation = generation;
-  snprintf(hdr->name, sizeof hdr->name, "%s", name);
+  copy_str(hdr->name, sizeof hdr->name, name);
   hdr->flags = flags;
   hdr->owner_pid = (int32_t)getpid();
   cxr__geometry(size, &hdr->map_off, &hdr->data_off, &hdr->npages);
@@ -341,7 +351,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
   char path[PATH_MAX];
   if (o->path) {
     if (strlen(o->path) >= sizeof((cxr__reg_entry *)0)->path) return CXR_ENAMETOOLONG;
-    snprintf(path, sizeof path, "%s", o->path);
+    copy_str(path, sizeof path, o->path);
   } else {
     int n = snprintf(path, sizeof path, "%s/%s.heap", cxr_root(), name);
     if (n < 0 || (size_t)n >= sizeof((cxr__reg_entry *)0)->path) return CXR_ENAMETOOLONG;
@@ -422,7 +432,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
     goto out;
   }
   /* Register last: until then nobody can find it. */
-  snprintf(e->name, sizeof e->name, "%s", name);
+  copy_str(e->name, sizeof e->name, name);
   memcpy(e->path, path, strlen(path) + 1); /* length checked above */
   e->addr = addr;
   e->size = size;
@@ -523,7 +533,7 @@ static void release(cxr_heap *h, bool unmap) {
     }
   h->magic = 0;
   char name[CXR_NAME_MAX + 1];
-  snprintf(name, sizeof name, "%s", m->name);
+  copy_str(name, sizeof name, m->name);
   uint64_t gen = m->generation;
   if (unmap) map_put(m);
   else m->refs--;
@@ -580,7 +590,7 @@ int cxr_heap_unlink(const char *name) {
         snprintf(hidden, sizeof hidden, "%s/.%s.%lu.unlinked", cxr_root(), name,
                  (unsigned long)e->generation);
         if (strlen(hidden) < sizeof e->path && rename(e->path, hidden) == 0)
-          snprintf(e->path, sizeof e->path, "%s", hidden);
+          copy_str(e->path, sizeof e->path, hidden);
       }
       e->flags |= CXR_REG_UNLINKED;
       sweep(&r, e);
@@ -688,8 +698,8 @@ int cxr_registry_list(cxr_heap_info *out, size_t max, size_t *n) {
     if (k < max) {
       cxr_heap_info *hi = &out[k];
       memset(hi, 0, sizeof *hi);
-      snprintf(hi->name, sizeof hi->name, "%s", e->name);
-      snprintf(hi->path, sizeof hi->path, "%s", e->path);
+      copy_str(hi->name, sizeof hi->name, e->name);
+      copy_str(hi->path, sizeof hi->path, e->path);
       hi->addr = e->addr;
       hi->size = e->size;
       hi->generation = e->generation;

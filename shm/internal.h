@@ -68,6 +68,7 @@ typedef struct cxr__reclaim {
 } cxr__reclaim;
 void cxr__heap_format(cxr__hdr *hdr);
 int cxr__heap_lock(cxr_heap *h);
+extern _Thread_local int cxr__lock_reaped; /* holders reaped while recovering the lock */
 void cxr__heap_unlock(cxr_heap *h);
 /* Rebuilds free runs and central lists from page-map heads and block tags, reclaiming
  * what `r` names (may be NULL). Heap lock held. */
