@@ -206,17 +206,21 @@ static unsigned count_ready(cxr_channel *ch) {
 /* Refills the pool up to o.pool ready slots. Returns how many were made ready. */
 static unsigned refill(cxr_channel *ch) {
   unsigned ready = count_ready(ch), made = 0;
-  for (unsigned k = 0; k < ch->o.max_conns && ready < ch->o.pool; k++) {
-    cxr__sconn *sc = &ch->conns[k];
-    uint64_t o = CXR__LD(&sc->slot->owner);
-    if (cxr__owner_state(o) != CXR__SLOT_FREE) continue;
-    int rc = sconn_make_ready(ch, sc);
-    if (rc != 0) {
-      CXR_WARN("channel %s: cannot prepare connection %u: %s", ch->name, k, cxr_strerror(rc));
-      break;
+  /* First reuse slots that still have a heap (no file operation), then create heaps. */
+  for (int pass = 0; pass < 2; pass++) {
+    for (unsigned k = 0; k < ch->o.max_conns && ready < ch->o.pool; k++) {
+      cxr__sconn *sc = &ch->conns[k];
+      uint64_t o = CXR__LD(&sc->slot->owner);
+      if (cxr__owner_state(o) != CXR__SLOT_FREE || (pass == 0) != (sc->heap != NULL)) continue;
+      int rc = sconn_make_ready(ch, sc);
+      if (rc != 0) {
+        CXR_WARN("channel %s: cannot prepare connection %u: %s", ch->name, k, cxr_strerror(rc));
+        pass = 2;
+        break;
+      }
+      ready++;
+      made++;
     }
-    ready++;
-    made++;
   }
   if (made) cxr__bell_ring(&ch->cb->pool_bell, &ch->cb->pool_sleepers);
   return made;

@@ -1,0 +1,183 @@
+// Real processes: servers and clients started with posix_spawn (rpc_peer), killed with
+// SIGKILL in the middle of calls. Every wait is bounded; nothing here fails on timing
+// except the bounds that stand for "never a hang".
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "rpc/internal.h"
+#include "tests/rpc/methods.h"
+#include "tests/rpc/util.h"
+
+using namespace rpctest;
+
+namespace {
+
+class Proc : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { setup_root("rpc-proc"); }
+};
+
+cxr_conn_info find_conn(const std::string &name, int pid) {
+  cxr_conn_info ci[16];
+  size_t n = 0;
+  if (cxr_channel_inspect(name.c_str(), nullptr, ci, 16, &n) != 0) return cxr_conn_info{};
+  for (size_t i = 0; i < n && i < 16; i++)
+    if (ci[i].client_pid == pid && strcmp(ci[i].state, "ready") != 0) return ci[i];
+  return cxr_conn_info{};
+}
+
+TEST_F(Proc, CallsAcrossProcessesReturnTheRightResults) {
+  std::string name = uniq("pc");
+  Peer srv = start_server(name, 2);
+  ASSERT_GT(srv.pid, 0);
+  cxr_conn *c;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  cxr_heap *h = cxr_conn_heap(c);
+  void *res = nullptr;
+  ASSERT_EQ(cxr_conn_call(c, M_PID, nullptr, &res, nullptr), 0);
+  ASSERT_NE(res, nullptr);
+  EXPECT_EQ(*(int64_t *)res, srv.pid);
+  cxr_heap_free(h, res);
+  std::atomic<int> good{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 3; t++)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 300; i++) {
+        add_args *a = (add_args *)cxr_heap_alloc(h, sizeof *a);
+        a->a = t;
+        a->b = i;
+        void *r = nullptr;
+        if (cxr_conn_call(c, M_ADD, a, &r, nullptr) == 0 && r && *(int64_t *)r == t + i) good++;
+        if (r) cxr_heap_free(h, r);
+        cxr_heap_free(h, a);
+      }
+    });
+  for (auto &t : ts) t.join();
+  EXPECT_EQ(good.load(), 900);
+  cxr_conn_close(c);
+  stop_peer(srv);
+}
+
+TEST_F(Proc, KilledServerEndsEveryPendingCallWithPeerDead) {
+  std::string name = uniq("ks");
+  Peer srv = start_server(name, 1);
+  ASSERT_GT(srv.pid, 0);
+  cxr_conn *c;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  // Async calls queued behind a long one, plus sync calls from several threads.
+  std::vector<cxr_future *> fs;
+  for (int i = 0; i < 10; i++) {
+    sleep_args a = {3000};
+    cxr_call_opts o;
+    cxr_call_opts_init(&o);
+    o.flags = CXR_CALL_INLINE;
+    o.arg_len = sizeof a;
+    o.deadline_ns = 30000000000;
+    cxr_future *f;
+    ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f, &o), 0);
+    fs.push_back(f);
+  }
+  std::atomic<int> peer_dead{0}, other{0};
+  std::atomic<int64_t> worst_ms{0};
+  std::atomic<int64_t> killed_at{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 3; t++)
+    ts.emplace_back([&] {
+      sleep_args a = {3000};
+      cxr_call_opts o;
+      cxr_call_opts_init(&o);
+      o.flags = CXR_CALL_INLINE;
+      o.arg_len = sizeof a;
+      o.deadline_ns = 30000000000;
+      int rc = cxr_conn_call(c, M_SLEEP, &a, nullptr, &o);
+      int64_t ms = (cxr_now_ns() - killed_at.load()) / 1000000;
+      if (ms > worst_ms.load()) worst_ms = ms;
+      (rc == CXR_EPEERDEAD ? peer_dead : other)++;
+    });
+  usleep(100000);  // everybody is waiting (the first call runs, the rest queue)
+  killed_at = cxr_now_ns();
+  kill(srv.pid, SIGKILL);
+  // No waitpid yet: the dead server stays a zombie, which must count as dead.
+  for (auto *f : fs) {
+    int rc = cxr_future_wait(f, 10000000000, nullptr);
+    int64_t ms = (cxr_now_ns() - killed_at.load()) / 1000000;
+    if (ms > worst_ms.load()) worst_ms = ms;
+    (rc == CXR_EPEERDEAD ? peer_dead : other)++;
+    cxr_future_free(f);
+  }
+  for (auto &t : ts) t.join();
+  EXPECT_EQ(peer_dead.load(), 13);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_LT(worst_ms.load(), 5000);  // the bound for "never a hang" (default detection 100 ms)
+  printf("dead server detected after %lld ms (peer_timeout 100 ms)\n", (long long)worst_ms.load());
+  // Later calls fail at once.
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), CXR_EPEERDEAD);
+  cxr_conn_close(c);
+  wait_peer(srv);
+  // A new server can take the name over from the dead one.
+  Peer srv2 = start_server(name, 1);
+  ASSERT_GT(srv2.pid, 0);
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(c);
+  stop_peer(srv2);
+}
+
+TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) {
+  std::string name = uniq("kc");
+  Peer srv = start_server(name, 2);
+  ASSERT_GT(srv.pid, 0);
+  Peer victim = spawn_peer({"client", name, "300"});
+  ASSERT_GT(victim.pid, 0);
+  ASSERT_EQ(read_line(victim), "connected");
+  cxr_conn *c;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  // Wait until the victim is inside a call on the server, then kill it.
+  EXPECT_TRUE(eventually([&] { return find_conn(name, victim.pid).inflight > 0; }, 5000));
+  cxr_channel_info before;
+  ASSERT_EQ(cxr_channel_inspect(name.c_str(), &before, nullptr, 0, nullptr), 0);
+  int victim_pid = victim.pid;
+  kill(victim.pid, SIGKILL);
+  wait_peer(victim);
+  // We keep being served while the server notices and reclaims the dead connection.
+  int ok = 0, bad = 0;
+  bool reclaimed = false;
+  int64_t t0 = cxr_now_ns();
+  while (ms_since(t0) < 10000) {
+    add_args a = {ok, 1};
+    cxr_call_opts o;
+    cxr_call_opts_init(&o);
+    o.flags = CXR_CALL_INLINE;
+    o.arg_len = sizeof a;
+    void *r = nullptr;
+    if (cxr_conn_call(c, M_ADD, &a, &r, &o) == 0 && r && *(int64_t *)r == ok + 1) ok++;
+    else bad++;
+    if (r) cxr_heap_free(cxr_conn_heap(c), r);
+    cxr_channel_info now;
+    if (cxr_channel_inspect(name.c_str(), &now, nullptr, 0, nullptr) == 0 &&
+        now.reclaimed > before.reclaimed && find_conn(name, victim_pid).client_pid == 0) {
+      reclaimed = true;
+      if (ok > 100) break;
+    }
+  }
+  EXPECT_TRUE(reclaimed);
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(ok, 100);
+  // The reclaimed slot is usable again: connect more clients than the pool holds.
+  std::vector<cxr_conn *> more;
+  for (int i = 0; i < 6; i++) {
+    cxr_conn *x;
+    ASSERT_EQ(cxr_connect(&x, name.c_str(), nullptr), 0);
+    EXPECT_EQ(cxr_conn_call(x, M_NOOP, nullptr, nullptr, nullptr), 0);
+    more.push_back(x);
+  }
+  for (auto *x : more) cxr_conn_close(x);
+  cxr_conn_close(c);
+  stop_peer(srv);
+  EXPECT_EQ(srv.pid, -1);
+}
+
+}  // namespace
