@@ -1,0 +1,121 @@
+/*
+ * Fault containment: a SIGSEGV or SIGBUS raised while this thread runs inside
+ * cxr_sandbox_run jumps back to its entry, which returns CXR_EBADPTR. The handler runs on
+ * an alternate signal stack (a fault may come from an exhausted stack) and with SA_NODEFER,
+ * so the jump needs no signal-mask syscall: entering and leaving costs a sigsetjmp and two
+ * thread-local stores. Faults outside a sandbox go to the previous handler (a sanitizer's,
+ * or the default action, which kills as usual).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sandbox/domain.h"
+#include "sandbox/internal.h"
+#include "shm/log.h"
+
+#define ALTSTACK_BYTES (64 * 1024)
+
+typedef struct frame {
+  sigjmp_buf jb;
+  struct frame *prev;
+  uint32_t pkru; /* protection-key rights to restore on the way out */
+} frame;
+
+static _Thread_local frame *cur;
+static _Thread_local void *last_fault;
+static _Thread_local bool altstack_done;
+static _Atomic uint64_t nfaults;
+static struct sigaction old_segv, old_bus;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_key_t altstack_key;
+static int install_rc;
+
+static void chain(int sig, siginfo_t *info, void *uc) {
+  struct sigaction *o = sig == SIGSEGV ? &old_segv : &old_bus;
+  if ((o->sa_flags & SA_SIGINFO) && o->sa_sigaction) {
+    o->sa_sigaction(sig, info, uc);
+    return;
+  }
+  if (o->sa_handler != SIG_DFL && o->sa_handler != SIG_IGN) {
+    o->sa_handler(sig);
+    return;
+  }
+  /* Default action: restore it and let the fault happen again (or re-send a sent signal). */
+  signal(sig, SIG_DFL);
+  if (info->si_code <= 0) raise(sig);
+}
+
+static void on_fault(int sig, siginfo_t *info, void *uc) {
+  frame *f = cur;
+  if (!f) {
+    chain(sig, info, uc);
+    return;
+  }
+  last_fault = info->si_addr;
+  atomic_fetch_add_explicit(&nfaults, 1, memory_order_relaxed);
+  cur = f->prev;
+  cxr__domain_leave(f->pkru);
+  siglongjmp(f->jb, 1);
+}
+
+static void altstack_free(void *p) {
+  stack_t off = {.ss_flags = SS_DISABLE};
+  stack_t now;
+  if (sigaltstack(NULL, &now) == 0 && now.ss_sp == p) sigaltstack(&off, NULL);
+  free(p);
+}
+
+static void install(void) {
+  if (pthread_key_create(&altstack_key, altstack_free) != 0) {
+    install_rc = CXR_ENOMEM;
+    return;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGSEGV, &sa, &old_segv) != 0 || sigaction(SIGBUS, &sa, &old_bus) != 0)
+    install_rc = CXR_EIO;
+}
+
+/* Gives this thread an alternate signal stack unless it has one (sanitizers do). */
+static void ensure_altstack(void) {
+  altstack_done = true;
+  stack_t now;
+  if (sigaltstack(NULL, &now) == 0 && !(now.ss_flags & SS_DISABLE)) return;
+  void *mem = malloc(ALTSTACK_BYTES);
+  if (!mem) return; /* containment still works for faults that leave stack to spare */
+  stack_t st = {.ss_sp = mem, .ss_size = ALTSTACK_BYTES};
+  if (sigaltstack(&st, NULL) != 0) {
+    free(mem);
+    return;
+  }
+  pthread_setspecific(altstack_key, mem);
+}
+
+int cxr_sandbox_run(int (*fn)(void *arg), void *arg) {
+  if (!fn) return CXR_EINVAL;
+  pthread_once(&once, install);
+  if (install_rc) return install_rc;
+  if (!altstack_done) ensure_altstack();
+  frame f;
+  f.prev = cur;
+  f.pkru = cxr__domain_enter();
+  if (sigsetjmp(f.jb, 0)) return CXR_EBADPTR; /* on_fault restored cur and the rights */
+  cur = &f;
+  atomic_signal_fence(memory_order_seq_cst);
+  int rc = fn(arg);
+  atomic_signal_fence(memory_order_seq_cst);
+  cur = f.prev;
+  cxr__domain_leave(f.pkru);
+  return rc;
+}
+
+void *cxr_sandbox_fault_addr(void) { return last_fault; }
+uint64_t cxr_sandbox_faults(void) { return atomic_load(&nfaults); }

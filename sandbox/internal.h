@@ -1,0 +1,119 @@
+/* Private to sandbox/ and tools/cxrpcd: the shared seal-table layout, the window, the
+ * enforcement policy and the supervisor's wire protocol. Not a public header. */
+#ifndef CXRPC_SANDBOX_INTERNAL_H
+#define CXRPC_SANDBOX_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cxrpc/sandbox.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CXR__PAGE 4096u
+
+/* ---- the address window (same parsing and defaults as shm's cxr_init) ---- */
+/* $CXRPC_WINDOW ("0xLO-0xHI") or [0x6000_0000_0000, 0x7000_0000_0000). */
+int cxr__sbx_window(uintptr_t *base, size_t *size);
+int cxr__sbx_parse_window(const char *s, uintptr_t *base, size_t *size);
+
+/* ---- the seal table in shared memory (written only by the receiver) ---- */
+#define CXR__SEAL_MAGIC 0x4c41455352584321ull /* "!CXRSEAL" */
+#define CXR__SEAL_VERSION 1u
+
+enum { CXR__SEAL_FREE = 0, CXR__SEAL_CLAIM = 1, CXR__SEAL_ACTIVE = 2, CXR__SEAL_DONE = 3 };
+
+/* state word: generation << 8 | state. The generation is the sender's, from the seal id. */
+typedef struct cxr__seal_rec {
+  _Atomic uint64_t state;
+  _Atomic uint64_t addr;
+  _Atomic uint64_t len;
+  uint64_t pad;
+} cxr__seal_rec;
+
+typedef struct cxr__seal_hdr {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t slots;
+  uint64_t bytes;
+  uint64_t pad[5];
+} cxr__seal_hdr;
+
+static inline size_t cxr__seal_bytes(unsigned slots) {
+  size_t b = sizeof(cxr__seal_hdr) + (size_t)slots * sizeof(cxr__seal_rec);
+  return (b + CXR__PAGE - 1) & ~(size_t)(CXR__PAGE - 1);
+}
+static inline cxr__seal_rec *cxr__seal_recs(const void *hdr) {
+  return (cxr__seal_rec *)((char *)hdr + sizeof(cxr__seal_hdr));
+}
+/* Validates a mapped table header (the supervisor and the sender read untrusted bytes). */
+int cxr__seal_hdr_ok(const void *mem, size_t bytes);
+/* true if an active (or being-claimed) record of the table overlaps [a, a + n). */
+bool cxr__seal_overlaps_active(const void *mem, size_t bytes, uint64_t a, uint64_t n);
+
+/* ---- verification of the sender's pages (PROCMAP_QUERY on /proc/PID/maps) ---- */
+/* 0 if every page of [a, a + n) is mapped shared and not writable in the process whose
+ * maps file is `maps_fd`, backed by (dev, ino) at file offset `off` for a (checked when
+ * ino != 0); CXR_ENOTSEALED if not; CXR_ENOSYS if the kernel has no PROCMAP_QUERY. */
+int cxr__vma_verify_sealed(int maps_fd, uint64_t a, uint64_t n, uint64_t dev, uint64_t ino,
+                           uint64_t off);
+/* The backing (dev, ino, file offset of a) of our own mapping at a. */
+int cxr__vma_backing(uint64_t a, uint64_t *dev, uint64_t *ino, uint64_t *off);
+
+/* ---- the enforcement policy (cxrpcd decides with this) ---- */
+typedef struct cxr__policy_view {
+  uintptr_t wbase;
+  size_t wsize;
+  /* tables registered for the calling process */
+  const void *const *tables;
+  const size_t *table_bytes;
+  size_t ntables;
+  /* heaps registered for the calling process (shared mappings only at their own offsets) */
+  const cxr_range *heaps;
+  size_t nheaps;
+} cxr__policy_view;
+
+/* 0 to let the syscall run, or a positive errno (EPERM) to refuse it. `nr` is the x86-64
+ * syscall number, args its six arguments. */
+int cxr__policy_decide(const cxr__policy_view *v, int nr, const uint64_t args[6]);
+
+/* ---- the launcher's seccomp filter ---- */
+/* Loads on the calling process (all threads) the filter that notifies the supervisor, and
+ * returns the notification fd (>= 0) or a negative CXR_E*. */
+int cxr__enforce_filter_load(uintptr_t wbase, size_t wsize);
+/* Same rules, exported as BPF text (for tests and docs). */
+int cxr__enforce_filter_rules(uintptr_t wbase, size_t wsize, void *scmp_ctx);
+
+/* ---- cxrpcd wire protocol (SOCK_SEQPACKET on a Unix socket) ---- */
+#define CXR__CXRPCD_MAGIC 0x4458435250524358ull
+enum {
+  CXR__MSG_ATTACH = 1,    /* launcher -> supervisor, with the notify fd: pid, window */
+  CXR__MSG_REGISTER = 2,  /* receiver -> supervisor, with the table memfd: pid, heap */
+  CXR__MSG_REPLY = 3,     /* supervisor -> client: status (0 or CXR_E*) */
+  CXR__MSG_STATS = 4,     /* anyone -> supervisor: decisions so far */
+};
+typedef struct cxr__cxrpcd_msg {
+  uint64_t magic;
+  uint32_t type;
+  int32_t status;
+  int64_t pid;
+  uint64_t base, size;        /* ATTACH: window; REGISTER: heap */
+  uint64_t allowed, refused;  /* STATS reply */
+} cxr__cxrpcd_msg;
+
+/* Sends/receives one message with at most one fd. 0 or a negative CXR_E*. */
+int cxr__msg_send(int sock, const cxr__cxrpcd_msg *m, int fd);
+int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns);
+/* The supervisor's socket path: explicit, else $CXRPC_CXRPCD, else $CXRPC_ROOT/cxrpcd.sock,
+ * else /dev/shm/cxrpc/cxrpcd.sock. */
+int cxr__cxrpcd_path(const char *explicit_path, char *out, size_t cap);
+int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

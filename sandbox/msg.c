@@ -1,0 +1,106 @@
+/* The cxrpcd wire protocol: fixed-size messages on SOCK_SEQPACKET, at most one fd each. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "sandbox/internal.h"
+#include "shm/log.h"
+
+int cxr__msg_send(int sock, const cxr__cxrpcd_msg *m, int fd) {
+  if (sock < 0 || !m) return CXR_EINVAL;
+  struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof *m};
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  memset(&u, 0, sizeof u);
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (fd >= 0) {
+    mh.msg_control = u.buf;
+    mh.msg_controllen = sizeof u.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  ssize_t n;
+  do n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != (ssize_t)sizeof *m) return n < 0 ? cxr__from_errno(errno) : CXR_EIO;
+  return 0;
+}
+
+int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns) {
+  if (sock < 0 || !m) return CXR_EINVAL;
+  if (fd) *fd = -1;
+  if (timeout_ns >= 0) {
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    int ms = (int)(timeout_ns / 1000000) + 1, r;
+    do r = poll(&p, 1, ms);
+    while (r < 0 && errno == EINTR);
+    if (r == 0) return CXR_ETIMEDOUT;
+    if (r < 0) return cxr__from_errno(errno);
+  }
+  struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                      .msg_controllen = sizeof u.buf};
+  ssize_t n;
+  do n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n == 0) return CXR_EPEERDEAD;
+  if (n < 0) return cxr__from_errno(errno);
+  int got = -1;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len >= CMSG_LEN(sizeof(int)))
+      memcpy(&got, CMSG_DATA(c), sizeof got);
+  if (n != (ssize_t)sizeof *m || m->magic != CXR__CXRPCD_MAGIC || (mh.msg_flags & MSG_CTRUNC)) {
+    if (got >= 0) close(got);
+    return CXR_EPROTO;
+  }
+  if (fd) *fd = got;
+  else if (got >= 0) close(got);
+  return 0;
+}
+
+int cxr__cxrpcd_path(const char *explicit_path, char *out, size_t cap) {
+  if (!out || cap == 0) return CXR_EINVAL;
+  const char *e = getenv("CXRPC_CXRPCD");
+  const char *root = getenv("CXRPC_ROOT");
+  int n;
+  if (explicit_path && *explicit_path) n = snprintf(out, cap, "%s", explicit_path);
+  else if (e && *e) n = snprintf(out, cap, "%s", e);
+  else n = snprintf(out, cap, "%s/cxrpcd.sock", root && *root ? root : "/dev/shm/cxrpc");
+  if (n < 0 || (size_t)n >= cap || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
+    return CXR_ENAMETOOLONG;
+  return 0;
+}
+
+int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  if (!path || strlen(path) >= sizeof a.sun_path) return CXR_EINVAL;
+  strcpy(a.sun_path, path);
+  int64_t deadline = cxr_now_ns() + timeout_ns;
+  for (;;) {
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) return cxr__from_errno(errno);
+    if (connect(s, (struct sockaddr *)&a, sizeof a) == 0) return s;
+    int e = errno;
+    close(s);
+    if ((e != ENOENT && e != ECONNREFUSED) || cxr_now_ns() >= deadline) {
+      CXR_DEBUG("cxrpcd at %s: %s", path, strerror(e));
+      return CXR_ENOTCONN;
+    }
+    usleep(2000);
+  }
+}

@@ -1,0 +1,299 @@
+/*
+ * The supervisor loop. One thread, poll(2) over: the listening socket, client connections
+ * (launchers attaching a notify fd, receivers registering seal tables), and the notify fds.
+ * Each notification is decided from the syscall's scalar arguments and the registered
+ * tables (which this process maps read-only itself, so it reads the same records the
+ * receiver writes), then answered CONTINUE or EPERM. Single-threaded on purpose: decisions
+ * are serialized with registrations.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "sandbox/internal.h"
+#include "shm/log.h"
+#include "tools/cxrpcd/supervisor.h"
+
+#define MAX_FDS 256
+#define MAX_REGS 256
+
+typedef struct proc {
+  int64_t pid;
+  int nfd;
+  uintptr_t wbase;
+  size_t wsize;
+} proc;
+
+typedef struct reg {
+  int64_t pid;
+  void *mem;
+  size_t bytes;
+  cxr_range heap;
+  int owner; /* the receiver's connection: the registration ends with it */
+} reg;
+
+typedef struct sup {
+  int lfd;
+  int clients[MAX_FDS];
+  int nclients;
+  proc procs[MAX_FDS];
+  int nprocs;
+  reg regs[MAX_REGS];
+  int nregs;
+  struct { int64_t tid, tgid; } tcache[64];
+  unsigned tnext;
+  uint64_t allowed, refused;
+} sup;
+
+static int64_t read_status_field(int64_t pid, const char *field) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%lld/status", (long long)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return -1;
+  int64_t v = -1;
+  size_t fl = strlen(field);
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, field, fl) && line[fl] == ':') {
+      v = strtoll(line + fl + 1, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return v;
+}
+
+static int64_t tgid_of(sup *s, int64_t tid) {
+  for (unsigned i = 0; i < 64; i++)
+    if (s->tcache[i].tid == tid) return s->tcache[i].tgid;
+  int64_t g = read_status_field(tid, "Tgid");
+  if (g <= 0) return tid;
+  s->tcache[s->tnext % 64].tid = tid;
+  s->tcache[s->tnext % 64].tgid = g;
+  s->tnext++;
+  return g;
+}
+
+/* A process is supervised if it, or an ancestor, is one we launched (the filter and its
+ * listener are inherited across fork and exec and cannot be removed). */
+static bool supervised(sup *s, int64_t pid) {
+  for (int depth = 0; pid > 1 && depth < 64; depth++) {
+    for (int i = 0; i < s->nprocs; i++)
+      if (s->procs[i].pid == pid) return true;
+    pid = read_status_field(pid, "PPid");
+  }
+  return false;
+}
+
+static void drop_client(sup *s, int i) {
+  int fd = s->clients[i];
+  for (int r = 0; r < s->nregs;)
+    if (s->regs[r].owner == fd) {
+      munmap(s->regs[r].mem, s->regs[r].bytes);
+      s->regs[r] = s->regs[--s->nregs];
+    } else {
+      r++;
+    }
+  close(fd);
+  s->clients[i] = s->clients[--s->nclients];
+}
+
+static void reply(int fd, int status) {
+  cxr__cxrpcd_msg m = {.magic = CXR__CXRPCD_MAGIC, .type = CXR__MSG_REPLY, .status = status};
+  cxr__msg_send(fd, &m, -1);
+}
+
+static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  if (fd < 0) return CXR_EPROTO;
+  if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid != m->pid)
+    return CXR_EPERM; /* only a process may attach itself */
+  if (s->nprocs == MAX_FDS) return CXR_EFULL;
+  if (m->size == 0 || m->base + m->size < m->base) return CXR_EINVAL;
+  s->procs[s->nprocs++] = (proc){m->pid, fd, (uintptr_t)m->base, (size_t)m->size};
+  CXR_INFO("cxrpcd: supervising pid %lld (window %#llx+%#llx)", (long long)m->pid,
+           (unsigned long long)m->base, (unsigned long long)m->size);
+  return 0;
+}
+
+static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
+  if (fd < 0) return CXR_EPROTO;
+  if (!supervised(s, m->pid)) return CXR_EPERM;
+  if (s->nregs == MAX_REGS) return CXR_EFULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 26)) return CXR_ECORRUPT;
+  void *mem = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) return cxr__from_errno(errno);
+  int rc = cxr__seal_hdr_ok(mem, (size_t)st.st_size);
+  if (rc) {
+    munmap(mem, (size_t)st.st_size);
+    return rc;
+  }
+  s->regs[s->nregs++] = (reg){m->pid, mem, (size_t)st.st_size,
+                              {(const void *)(uintptr_t)m->base, (size_t)m->size}, cfd};
+  CXR_INFO("cxrpcd: seal table registered for pid %lld", (long long)m->pid);
+  return 0;
+}
+
+static void on_client(sup *s, int i) {
+  cxr__cxrpcd_msg m;
+  int fd = -1, cfd = s->clients[i];
+  int rc = cxr__msg_recv(cfd, &m, &fd, 0);
+  if (rc) {
+    drop_client(s, i);
+    return;
+  }
+  switch (m.type) {
+    case CXR__MSG_ATTACH:
+      rc = on_attach(s, cfd, &m, fd);
+      if (rc == 0) fd = -1; /* kept */
+      reply(cfd, rc);
+      break;
+    case CXR__MSG_REGISTER:
+      rc = on_register(s, cfd, &m, fd);
+      reply(cfd, rc);
+      break;
+    case CXR__MSG_STATS: {
+      cxr__cxrpcd_msg r = {.magic = CXR__CXRPCD_MAGIC, .type = CXR__MSG_REPLY,
+                           .allowed = s->allowed, .refused = s->refused};
+      cxr__msg_send(cfd, &r, -1);
+      break;
+    }
+    default:
+      reply(cfd, CXR_EPROTO);
+  }
+  if (fd >= 0) close(fd);
+}
+
+static void on_notify(sup *s, int pi, struct seccomp_notif *req, struct seccomp_notif_resp *resp) {
+  proc *p = &s->procs[pi];
+  memset(req, 0, sizeof *req);
+  if (seccomp_notify_receive(p->nfd, req) != 0) return; /* the caller died meanwhile */
+  int64_t tgid = tgid_of(s, req->pid);
+  const void *tables[MAX_REGS];
+  size_t bytes[MAX_REGS];
+  cxr_range heaps[MAX_REGS];
+  size_t nt = 0, nh = 0;
+  for (int r = 0; r < s->nregs; r++) {
+    if (s->regs[r].pid != tgid) continue;
+    tables[nt] = s->regs[r].mem;
+    bytes[nt++] = s->regs[r].bytes;
+    if (s->regs[r].heap.len) heaps[nh++] = s->regs[r].heap;
+  }
+  cxr__policy_view v = {p->wbase, p->wsize, tables, bytes, nt, heaps, nh};
+  uint64_t args[6];
+  for (int k = 0; k < 6; k++) args[k] = req->data.args[k];
+  int err = cxr__policy_decide(&v, req->data.nr, args);
+  memset(resp, 0, sizeof *resp);
+  resp->id = req->id;
+  if (err) {
+    resp->error = -err;
+    s->refused++;
+    CXR_DEBUG("cxrpcd: refused syscall %d(%#llx, %#llx, %#llx) from %lld", req->data.nr,
+              (unsigned long long)args[0], (unsigned long long)args[1],
+              (unsigned long long)args[2], (long long)req->pid);
+  } else {
+    resp->flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+    s->allowed++;
+  }
+  seccomp_notify_respond(p->nfd, resp);
+}
+
+int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  if (!path || strlen(path) >= sizeof a.sun_path) return CXR_EINVAL;
+  strcpy(a.sun_path, path);
+  sup *s = calloc(1, sizeof *s);
+  if (!s) return CXR_ENOMEM;
+  s->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  unlink(path);
+  if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->lfd, 64) != 0) {
+    int rc = cxr__from_errno(errno);
+    CXR_ERR("cxrpcd: cannot listen on %s: %s", path, strerror(errno));
+    if (s->lfd >= 0) close(s->lfd);
+    free(s);
+    return rc;
+  }
+  struct seccomp_notif *req = NULL;
+  struct seccomp_notif_resp *resp = NULL;
+  if (seccomp_notify_alloc(&req, &resp) != 0) {
+    close(s->lfd);
+    free(s);
+    return CXR_ENOMEM;
+  }
+  struct pollfd pf[1 + 2 * MAX_FDS];
+  while (!*stop) {
+    int n = 0;
+    pf[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+    for (int i = 0; i < s->nclients; i++) pf[n++] = (struct pollfd){.fd = s->clients[i], .events = POLLIN};
+    for (int i = 0; i < s->nprocs; i++) pf[n++] = (struct pollfd){.fd = s->procs[i].nfd, .events = POLLIN};
+    int r = poll(pf, (nfds_t)n, 200);
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    /* Notifications first: a supervised thread is blocked until we answer. */
+    int nc = s->nclients;
+    for (int i = s->nprocs - 1; i >= 0; i--) {
+      short ev = pf[1 + nc + i].revents;
+      if (ev & POLLIN) on_notify(s, i, req, resp);
+      else if (ev & (POLLHUP | POLLERR | POLLNVAL)) { /* every supervised task exited */
+        CXR_INFO("cxrpcd: pid %lld and its children are gone", (long long)s->procs[i].pid);
+        close(s->procs[i].nfd);
+        s->procs[i] = s->procs[--s->nprocs];
+      }
+    }
+    for (int i = nc - 1; i >= 0; i--)
+      if (pf[1 + i].revents) on_client(s, i);
+    if (pf[0].revents & POLLIN) {
+      int c = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+      if (c >= 0 && s->nclients < MAX_FDS) s->clients[s->nclients++] = c;
+      else if (c >= 0) close(c);
+    }
+  }
+  while (s->nclients) drop_client(s, 0);
+  for (int i = 0; i < s->nprocs; i++) close(s->procs[i].nfd);
+  close(s->lfd);
+  unlink(path);
+  seccomp_notify_free(req, resp);
+  free(s);
+  return 0;
+}
+
+int cxrpcd_run(const char *path, char **argv) {
+  if (!path || !argv || !argv[0]) return CXR_EINVAL;
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  int s = cxr__cxrpcd_connect(path, 5000000000ll);
+  if (s < 0) {
+    fprintf(stderr, "cxrpcd run: no supervisor at %s\n", path);
+    return s;
+  }
+  int nfd = cxr__enforce_filter_load(wbase, wsize);
+  if (nfd < 0) {
+    fprintf(stderr, "cxrpcd run: cannot install the seccomp filter (%s)\n", cxr_strerror(nfd));
+    return nfd;
+  }
+  cxr__cxrpcd_msg m = {.magic = CXR__CXRPCD_MAGIC, .type = CXR__MSG_ATTACH, .pid = getpid(),
+                       .base = wbase, .size = wsize};
+  int rc = cxr__msg_send(s, &m, nfd);
+  if (!rc) rc = cxr__msg_recv(s, &m, NULL, 5000000000ll);
+  if (!rc) rc = m.type == CXR__MSG_REPLY ? m.status : CXR_EPROTO;
+  close(nfd);
+  close(s);
+  if (rc) {
+    fprintf(stderr, "cxrpcd run: the supervisor refused: %s\n", cxr_strerror(rc));
+    return rc;
+  }
+  execvp(argv[0], argv);
+  fprintf(stderr, "cxrpcd run: cannot exec %s: %s\n", argv[0], strerror(errno));
+  return CXR_ENOENT;
+}
