@@ -417,6 +417,7 @@ static int cold(cxr_rdma *r, const char *key, const struct sockaddr_in *sa, int6
     /* Nobody answering at that address is "not connected", not a dead peer. */
     if (rc == CXR_EPEERDEAD) rc = CXR_ENOTCONN;
     CXR_INFO("rdma: connect to %s failed: %s", key, cxr_strerror(rc));
+    cxr__ep_force_close(ep);  /* nothing to flush to a peer that never answered */
     cxr_rdma_ep_close(ep);
     return rc;
   }

@@ -3,7 +3,6 @@
 #pragma once
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,16 +32,14 @@ struct Proc {
     if (pid == 0) {
       dup2(po[1], 1);
       dup2(pi[0], 0);
-      if (!ns.empty()) {
-        std::string path = "/var/run/netns/" + ns;
-        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-          perror("setns");
-          _exit(126);
-        }
-      }
       for (auto &e : env) putenv(strdup(e.c_str()));
       std::vector<char *> a;
+      // `ip netns exec` also remounts /sys for the namespace: UCX finds its network
+      // devices in /sys/class/net, which a bare setns() would leave showing the host's.
+      if (!ns.empty()) {
+        for (const char *s : {"/usr/sbin/ip", "netns", "exec"}) a.push_back(strdup(s));
+        a.push_back(strdup(ns.c_str()));
+      }
       for (auto &s : argv) a.push_back(strdup(s.c_str()));
       a.push_back(nullptr);
       execv(a[0], a.data());

@@ -1,11 +1,18 @@
-/* A real peer process for the rdma tests: `rdma_peer serve ADDR:PORT [export_bytes]`
- * listens, exports "mem" (filled with bytes i & 0xff), echoes messages 20 -> 21 (header
- * and data) and prints "READY <port>" on stdout. It runs until stdin reaches EOF or it is
- * killed. */
+/* A real peer process for the rdma tests.
+ *   rdma_peer serve ADDR:PORT [export_bytes]: listens, exports "mem" (bytes i & 0xff),
+ *     echoes messages 20 -> 21, prints "READY <port> <mem address>", runs until stdin
+ *     reaches EOF or it is killed.
+ *   rdma_peer client: prints "READY", then runs commands from stdin, one answer line each:
+ *     connect HOST:PORT MS   -> "ok" | "err <code> <ms taken>"
+ *     ping MS                -> "ok" | "timeout" | "err <code>"   (echo within MS)
+ *     fadd                   -> "ok <old>" | "err <code>"         (on "mem" word 0)
+ *     watch MS               -> "status <code>" (pings until the endpoint fails or MS) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <stdatomic.h>
 
 #include <cxrpc/rdma.h>
 
@@ -17,7 +24,63 @@ static void echo(cxr_rdma_msg *m, void *user) {
   cxr_rdma_reply(m, 21, h, hl, dl ? &iov : NULL, dl ? 1 : 0, 0);
 }
 
+static _Atomic int echoes;
+static void on_echo(cxr_rdma_msg *m, void *user) { echoes++; }
+
+static int client(void) {
+  cxr_rdma *r;
+  int rc = cxr_rdma_open(&r, NULL);
+  if (rc == 0) rc = cxr_rdma_am_set(r, 21, on_echo, NULL);
+  if (rc) {
+    printf("err %d\n", rc);
+    return 1;
+  }
+  printf("READY\n");
+  fflush(stdout);
+  cxr_rdma_ep *ep = NULL;
+  char line[256], arg[128];
+  long ms;
+  while (fgets(line, sizeof line, stdin)) {
+    if (sscanf(line, "connect %127s %ld", arg, &ms) == 2) {
+      int64_t t0 = cxr_now_ns();
+      if (ep) cxr_rdma_ep_close(ep), ep = NULL;
+      rc = cxr_rdma_connect(r, arg, t0 + ms * 1000000, &ep);
+      if (rc) printf("err %d %ld\n", rc, (long)((cxr_now_ns() - t0) / 1000000));
+      else printf("ok\n");
+    } else if (sscanf(line, "ping %ld", &ms) == 1 && ep) {
+      int before = echoes;
+      int64_t end = cxr_now_ns() + ms * 1000000;
+      rc = cxr_rdma_am_send(ep, 20, "p", 1, NULL, 0, end);
+      while (rc == 0 && echoes == before && cxr_now_ns() < end) usleep(100);
+      if (rc) printf("err %d\n", rc);
+      else printf(echoes > before ? "ok\n" : "timeout\n");
+    } else if (!strncmp(line, "fadd", 4) && ep) {
+      cxr_rdma_rkey *rk;
+      uint64_t base, old = 0;
+      size_t len;
+      rc = cxr_rdma_rkey_get(ep, "mem", &rk, &base, &len);
+      if (rc == 0) rc = cxr_rdma_fadd64(ep, rk, base, 1, &old, 0);
+      if (rc) printf("err %d\n", rc);
+      else printf("ok %llu\n", (unsigned long long)old);
+    } else if (sscanf(line, "watch %ld", &ms) == 1 && ep) {
+      int64_t end = cxr_now_ns() + ms * 1000000;
+      while (cxr_rdma_ep_status(ep) == 0 && cxr_now_ns() < end) {
+        cxr_rdma_am_post(ep, 20, "w", 1, NULL, 0);
+        usleep(20000);
+      }
+      printf("status %d\n", cxr_rdma_ep_status(ep));
+    } else {
+      printf("err %d\n", CXR_EINVAL);
+    }
+    fflush(stdout);
+  }
+  if (ep) cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 2 && !strcmp(argv[1], "client")) return client();
   if (argc < 3 || strcmp(argv[1], "serve")) {
     fprintf(stderr, "usage: rdma_peer serve ADDR:PORT [export_bytes]\n");
     return 2;
