@@ -1,0 +1,302 @@
+/* Emits the graph walks over trusted (built or validated) messages: deep copy between
+ * heaps, free, equality, and the byte ranges a graph occupies (for shipping to a replica). */
+#include <stdio.h>
+
+#include "idl/gen/model.h"
+
+static bool is_float(const gm_field *x) { return x->kind == GK_FLOAT || x->kind == GK_DOUBLE; }
+
+/* ---- copy: d is zeroed, s is the source; both expressions name one value ---- */
+
+static void copy_value(gen_buf *c, const gm_field *x, const char *d, const char *s,
+                       const char *ind) {
+  switch (x->kind) {
+    case GK_STRING:
+      gb_printf(c, "%sif ((rc = cxr__cp_str(to, &%s, &%s))) return rc;\n", ind, d, s);
+      break;
+    case GK_BYTES:
+      gb_printf(c, "%sif ((rc = cxr__cp_bytes(to, &%s, &%s))) return rc;\n", ind, d, s);
+      break;
+    case GK_MESSAGE:
+      gb_printf(c, "%sif (%s) {\n", ind, s);
+      gb_printf(c, "%s  if (!(%s = %s_new(to))) return CXR_ENOMEM;\n", ind, d, x->msg->cname);
+      gb_printf(c, "%s  if ((rc = %s__cin(to, %s, %s, depth + 1))) return rc;\n%s}\n", ind,
+                x->msg->cname, s, d, ind);
+      break;
+    default:
+      gb_printf(c, "%s%s = %s;\n", ind, d, s);
+  }
+}
+
+static void copy_repeated(gen_buf *c, const gm_field *x) {
+  const char *n = x->cname;
+  switch (x->kind) {
+    case GK_STRING:
+      gb_printf(c, "  if ((rc = cxr__cp_strs(to, &d->%s, &s->%s))) return rc;\n", n, n);
+      break;
+    case GK_BYTES:
+      gb_printf(c, "  if ((rc = cxr__cp_bytess(to, &d->%s, &s->%s))) return rc;\n", n, n);
+      break;
+    case GK_MESSAGE:
+      gb_printf(c, "  if (s->%s.count) {\n", n);
+      gb_printf(c, "    if (!CXR_VEC_ALLOC(to, d->%s, s->%s.count)) return CXR_ENOMEM;\n", n, n);
+      gb_printf(c, "    for (uint64_t i = 0; i < s->%s.count; i++)\n", n);
+      gb_printf(c, "      if ((rc = %s__cin(to, &s->%s.items[i], &d->%s.items[i], depth + 1))) "
+                   "return rc;\n  }\n", x->msg->cname, n, n);
+      break;
+    default:
+      gb_printf(c, "  if (s->%s.count) {\n", n);
+      gb_printf(c, "    d->%s.items = (__typeof__(d->%s.items))cxr__cp_mem(to, s->%s.items,\n"
+                   "        s->%s.count * sizeof *s->%s.items);\n", n, n, n, n, n);
+      gb_printf(c, "    if (!d->%s.items) return CXR_ENOMEM;\n    d->%s.count = s->%s.count;\n  }\n",
+                n, n, n);
+  }
+}
+
+/* ---- free: releases what a value owns ---- */
+
+static void free_value(gen_buf *c, const gm_field *x, const char *e, const char *ind) {
+  if (x->kind == GK_STRING || x->kind == GK_BYTES)
+    gb_printf(c, "%scxr_heap_free(h, (void *)%s.ptr);\n", ind, e);
+  else if (x->kind == GK_MESSAGE)
+    gb_printf(c, "%s%s_free(h, %s);\n", ind, x->msg->cname, e);
+}
+
+static void free_repeated(gen_buf *c, const gm_field *x) {
+  const char *n = x->cname;
+  if (x->kind == GK_STRING)
+    gb_printf(c, "  cxr__free_strs(h, &m->%s);\n", n);
+  else if (x->kind == GK_BYTES)
+    gb_printf(c, "  cxr__free_bytess(h, &m->%s);\n", n);
+  else if (x->kind == GK_MESSAGE)
+    gb_printf(c,
+              "  for (uint64_t i = 0; m->%s.items && i < m->%s.count; i++) "
+              "%s__fin(h, &m->%s.items[i]);\n  cxr_heap_free(h, m->%s.items);\n",
+              n, n, x->msg->cname, n, n);
+  else
+    gb_printf(c, "  cxr_heap_free(h, m->%s.items);\n", n);
+}
+
+/* ---- equality ---- */
+
+static void eq_value(gen_buf *c, const gm_field *x, const char *a, const char *b,
+                     const char *ind) {
+  switch (x->kind) {
+    case GK_STRING:
+    case GK_BYTES:
+      gb_printf(c, "%sif (!cxr__eq_mem(%s.ptr, %s.len, %s.ptr, %s.len)) return false;\n", ind, a,
+                a, b, b);
+      break;
+    case GK_MESSAGE:
+      gb_printf(c, "%sif (!%s != !%s || (%s && !%s__eq(%s, %s))) return false;\n", ind, a, b, a,
+                x->msg->cname, a, b);
+      break;
+    case GK_FLOAT:
+    case GK_DOUBLE:
+      /* -0 equals 0 (proto3 does not send either), NaN equals NaN */
+      gb_printf(c, "%sif (!(%s == %s || (%s != %s && %s != %s))) return false;\n", ind, a, b, a,
+                a, b, b);
+      break;
+    default:
+      gb_printf(c, "%sif (%s != %s) return false;\n", ind, a, b);
+  }
+}
+
+static void eq_repeated(gen_buf *c, const gm_field *x) {
+  const char *n = x->cname;
+  if (x->kind == GK_STRING) {
+    gb_printf(c, "  if (!cxr__eq_strs(&a->%s, &b->%s)) return false;\n", n, n);
+  } else if (x->kind == GK_BYTES) {
+    gb_printf(c, "  if (!cxr__eq_bytess(&a->%s, &b->%s)) return false;\n", n, n);
+  } else if (x->kind == GK_MESSAGE || is_float(x)) {
+    gb_printf(c, "  if (a->%s.count != b->%s.count) return false;\n", n, n);
+    gb_printf(c, "  for (uint64_t i = 0; i < a->%s.count; i++) {\n", n);
+    char ea[256], eb[256];
+    if (x->kind == GK_MESSAGE) {
+      gb_printf(c, "    if (!%s__eq(&a->%s.items[i], &b->%s.items[i])) return false;\n",
+                x->msg->cname, n, n);
+    } else {
+      snprintf(ea, sizeof ea, "a->%s.items[i]", n);
+      snprintf(eb, sizeof eb, "b->%s.items[i]", n);
+      eq_value(c, x, ea, eb, "    ");
+    }
+    gb_printf(c, "  }\n");
+  } else {
+    gb_printf(c, "  if (!cxr__eq_mem(a->%s.items, a->%s.count * sizeof *a->%s.items, b->%s.items,\n"
+                 "                   b->%s.count * sizeof *b->%s.items)) return false;\n",
+              n, n, n, n, n, n);
+  }
+}
+
+/* ---- ranges ---- */
+
+static void rg_value(gen_buf *c, const gm_field *x, const char *e, const char *ind) {
+  if (x->kind == GK_STRING || x->kind == GK_BYTES)
+    gb_printf(c, "%sif ((rc = cxr_ranges_add(r, %s.ptr, %s.len))) return rc;\n", ind, e, e);
+  else if (x->kind == GK_MESSAGE)
+    gb_printf(c,
+              "%sif (%s && ((rc = cxr_ranges_add(r, %s, sizeof(%s))) ||\n%s    (rc = "
+              "%s__rin(%s, r, depth + 1)))) return rc;\n",
+              ind, e, e, x->msg->cname, ind, x->msg->cname, e);
+}
+
+static void rg_repeated(gen_buf *c, const gm_field *x) {
+  const char *n = x->cname;
+  if (x->kind == GK_STRING) {
+    gb_printf(c, "  if ((rc = cxr__rg_strs(r, &m->%s))) return rc;\n", n);
+  } else if (x->kind == GK_BYTES) {
+    gb_printf(c, "  if ((rc = cxr__rg_bytess(r, &m->%s))) return rc;\n", n);
+  } else {
+    gb_printf(c, "  if ((rc = cxr_ranges_add(r, m->%s.items, m->%s.count * sizeof *m->%s.items))) "
+                 "return rc;\n", n, n, n);
+    if (x->kind == GK_MESSAGE)
+      gb_printf(c, "  for (uint64_t i = 0; i < m->%s.count; i++)\n"
+                   "    if ((rc = %s__rin(&m->%s.items[i], r, depth + 1))) return rc;\n",
+                n, x->msg->cname, n);
+  }
+}
+
+/* ---- one function per walk, oneofs through a switch on the case ---- */
+
+typedef enum { W_COPY, W_FREE, W_EQ, W_RG } walk;
+
+static void member_expr(char *buf, size_t n, const char *base, const gm_msg *g,
+                        const gm_field *x) {
+  if (x->oneof >= 0)
+    snprintf(buf, n, "%s->%s.%s", base, g->oneofs[x->oneof].cname, x->cname);
+  else
+    snprintf(buf, n, "%s->%s", base, x->cname);
+}
+
+static void one(gen_buf *c, walk w, const gm_msg *g, const gm_field *x, const char *ind) {
+  char e1[512], e2[512];
+  switch (w) {
+    case W_COPY:
+      member_expr(e1, sizeof e1, "d", g, x);
+      member_expr(e2, sizeof e2, "s", g, x);
+      if (x->has_flag) gb_printf(c, "%sd->has_%s = s->has_%s;\n", ind, x->cname, x->cname);
+      if (x->repeated) copy_repeated(c, x); else copy_value(c, x, e1, e2, ind);
+      break;
+    case W_FREE:
+      member_expr(e1, sizeof e1, "m", g, x);
+      if (x->repeated) free_repeated(c, x); else free_value(c, x, e1, ind);
+      break;
+    case W_EQ:
+      member_expr(e1, sizeof e1, "a", g, x);
+      member_expr(e2, sizeof e2, "b", g, x);
+      if (x->has_flag) {
+        gb_printf(c, "%sif (a->has_%s != b->has_%s) return false;\n", ind, x->cname, x->cname);
+        gb_printf(c, "%sif (a->has_%s) {\n", ind, x->cname);
+        eq_value(c, x, e1, e2, "    ");
+        gb_printf(c, "%s}\n", ind);
+      } else if (x->repeated) {
+        eq_repeated(c, x);
+      } else {
+        eq_value(c, x, e1, e2, ind);
+      }
+      break;
+    case W_RG:
+      member_expr(e1, sizeof e1, "m", g, x);
+      if (x->repeated) rg_repeated(c, x); else rg_value(c, x, e1, ind);
+      break;
+  }
+}
+
+static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
+  for (size_t i = 0; i < g->nfields; i++)
+    if (g->fields[i].oneof < 0) one(c, w, g, &g->fields[i], "  ");
+  static const char *const base[] = {"s", "m", "a", "m"};
+  for (size_t o = 0; o < g->noneofs; o++) {
+    const char *cn = g->oneofs[o].cname;
+    if (w == W_COPY) gb_printf(c, "  d->%s_case = s->%s_case;\n", cn, cn);
+    if (w == W_EQ) gb_printf(c, "  if (a->%s_case != b->%s_case) return false;\n", cn, cn);
+    gb_printf(c, "  switch (%s->%s_case) {\n", base[w], cn);
+    for (size_t i = 0; i < g->nfields; i++) {
+      if (g->fields[i].oneof != (int)o) continue;
+      gb_printf(c, "    case %d:\n", g->fields[i].number);
+      one(c, w, g, &g->fields[i], "      ");
+      gb_printf(c, "      break;\n");
+    }
+    if (w == W_COPY)  /* an unknown case (unvalidated input) copies as "none set" */
+      gb_printf(c, "    default:\n      d->%s_case = 0;\n      break;\n  }\n", cn);
+    else
+      gb_printf(c, "    default:\n      break;\n  }\n");
+  }
+}
+
+void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
+  if (!f->nmsgs) return;
+  gb_printf(h,
+            "\n/* Graph walks over messages built here or already validated (they trust the "
+            "graph):\n"
+            " * _copy: deep copy into heap `to` (*out owned by the caller; on error nothing is "
+            "left).\n"
+            " * _free: frees m and everything it points to, all allocated in h (by _new, "
+            "cxr_str_set,\n *        CXR_VEC_ALLOC, _copy or _from_pb).\n"
+            " * _equal: same content (presence, oneof cases, values; -0 == 0, NaN == NaN).\n"
+            " * _ranges: appends the exact byte ranges the graph occupies (root included). */\n");
+  for (size_t i = 0; i < f->nmsgs; i++) {
+    const char *n = f->msgs[i]->cname;
+    gb_printf(h, "int %s_copy(cxr_heap *to, const %s *m, %s **out);\n", n, n, n);
+    gb_printf(h, "void %s_free(cxr_heap *h, %s *m);\n", n, n);
+    gb_printf(h, "bool %s_equal(const %s *a, const %s *b);\n", n, n, n);
+    gb_printf(h, "int %s_ranges(const %s *m, cxr_ranges *out);\n", n, n);
+  }
+  gb_printf(h, "/* internal */\n");
+  for (size_t i = 0; i < f->nmsgs; i++) {
+    const char *n = f->msgs[i]->cname;
+    gb_printf(h, "int %s__cin(cxr_heap *to, const void *src, void *dst, unsigned depth);\n", n);
+    gb_printf(h, "void %s__fin(cxr_heap *h, void *p);\n", n);
+    gb_printf(h, "bool %s__eq(const void *pa, const void *pb);\n", n);
+    gb_printf(h, "int %s__rin(const void *p, cxr_ranges *r, unsigned depth);\n", n);
+  }
+  for (size_t i = 0; i < f->nmsgs; i++) {
+    const gm_msg *g = f->msgs[i];
+    const char *n = g->cname;
+    gb_printf(c, "\nint %s__cin(cxr_heap *to, const void *src, void *dst, unsigned depth) {\n", n);
+    gb_printf(c, "  const %s *s = (const %s *)src;\n  %s *d = (%s *)dst;\n  int rc = 0;\n", n, n,
+              n, n);
+    gb_printf(c, "  (void)to, (void)s, (void)d;\n  if (depth > CXR__MAX_DEPTH) return CXR_EPROTO;\n");
+    walk_fields(c, W_COPY, g);
+    gb_printf(c, "  return rc;\n}\n");
+
+    gb_printf(c, "\nvoid %s__fin(cxr_heap *h, void *p) {\n  %s *m = (%s *)p;\n  (void)h, (void)m;\n",
+              n, n, n);
+    walk_fields(c, W_FREE, g);
+    gb_printf(c, "}\n");
+
+    gb_printf(c, "\nbool %s__eq(const void *pa, const void *pb) {\n", n);
+    gb_printf(c, "  const %s *a = (const %s *)pa, *b = (const %s *)pb;\n  (void)a, (void)b;\n", n,
+              n, n);
+    walk_fields(c, W_EQ, g);
+    gb_printf(c, "  return true;\n}\n");
+
+    gb_printf(c, "\nint %s__rin(const void *p, cxr_ranges *r, unsigned depth) {\n", n);
+    gb_printf(c, "  const %s *m = (const %s *)p;\n  int rc = 0;\n  (void)m, (void)r;\n", n, n);
+    gb_printf(c, "  if (depth > CXR__MAX_DEPTH) return CXR_EPROTO;\n");
+    walk_fields(c, W_RG, g);
+    gb_printf(c, "  return rc;\n}\n");
+
+    gb_printf(c,
+              "\nint %s_copy(cxr_heap *to, const %s *m, %s **out) {\n"
+              "  if (!to || !m || !out) return CXR_EINVAL;\n"
+              "  %s *d = %s_new(to);\n  if (!d) return CXR_ENOMEM;\n"
+              "  int rc = %s__cin(to, m, d, 0);\n"
+              "  if (rc) {\n    %s_free(to, d);\n    return rc;\n  }\n  *out = d;\n  return 0;\n}\n",
+              n, n, n, n, n, n, n);
+    gb_printf(c,
+              "\nvoid %s_free(cxr_heap *h, %s *m) {\n  if (!h || !m) return;\n"
+              "  %s__fin(h, m);\n  cxr_heap_free(h, m);\n}\n",
+              n, n, n);
+    gb_printf(c,
+              "\nbool %s_equal(const %s *a, const %s *b) {\n  if (a == b) return true;\n"
+              "  if (!a || !b) return false;\n  return %s__eq(a, b);\n}\n",
+              n, n, n, n);
+    gb_printf(c,
+              "\nint %s_ranges(const %s *m, cxr_ranges *out) {\n"
+              "  if (!m || !out) return CXR_EINVAL;\n"
+              "  int rc = cxr_ranges_add(out, m, sizeof *m);\n"
+              "  return rc ? rc : %s__rin(m, out, 0);\n}\n",
+              n, n, n);
+  }
+}

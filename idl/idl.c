@@ -1,0 +1,426 @@
+/* The idl runtime: validation context, builders, copy/free/equal helpers, ranges. */
+#include <cxrpc/idl.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "shm/log.h"
+
+void cxr_limits_init(cxr_limits *l) {
+  if (!l) return;
+  l->max_depth = 64;
+  l->max_nodes = 1u << 20;
+  l->max_len = 256u << 20;
+}
+
+static _Thread_local int invalid_reason;
+
+int cxr_invalid_reason(void) { return invalid_reason; }
+
+const char *cxr_invalid_str(int reason) {
+  static const char *const s[] = {
+      "valid",
+      "pointer outside the allowed range",
+      "length past the end of the range or over max_len",
+      "misaligned pointer",
+      "message reached twice (cycle or shared node)",
+      "nesting deeper than max_depth",
+      "more than max_nodes messages or elements",
+      "value outside a closed enum",
+      "bool other than 0 or 1",
+      "oneof case names no member",
+      "required message field missing",
+      "NULL pointer where data is required",
+  };
+  if (reason < 0 || (size_t)reason >= sizeof s / sizeof s[0]) return "unknown reason";
+  return s[reason];
+}
+
+/* ---------------- validation ---------------- */
+
+int cxr__v_begin(cxr__vctx *v, const cxr_range *r, const cxr_limits *lim) {
+  if (!v || !r || !r->p) return CXR_EINVAL;
+  memset(v, 0, offsetof(cxr__vctx, small));
+  v->lo = (uintptr_t)r->p;
+  if (r->len > UINTPTR_MAX - v->lo) return CXR_EINVAL;
+  v->hi = v->lo + r->len;
+  cxr_limits tmp;
+  v->lim = *cxr__limits(lim, &tmp);
+  v->set = v->small;
+  v->cap = sizeof v->small / sizeof v->small[0];
+  memset(v->small, 0, sizeof v->small);
+  invalid_reason = CXR_INVALID_NONE;
+  return 0;
+}
+
+void cxr__v_end(cxr__vctx *v) {
+  if (v && v->set != v->small) free(v->set);
+  if (v) v->set = NULL;
+}
+
+int cxr__v_fail(cxr__vctx *v, int reason) {
+  (void)v;
+  invalid_reason = reason;
+  switch (reason) {
+    case CXR_INVALID_RANGE:
+    case CXR_INVALID_LENGTH:
+    case CXR_INVALID_ALIGN:
+    case CXR_INVALID_NULL:
+      return CXR_EBADPTR;
+    default:
+      return CXR_EPROTO;
+  }
+}
+
+int cxr__v_count(cxr__vctx *v, uint64_t n) {
+  if (n > v->lim.max_nodes || v->nodes > v->lim.max_nodes - n)
+    return cxr__v_fail(v, CXR_INVALID_NODES);
+  v->nodes += n;
+  return 0;
+}
+
+static inline size_t hash_ptr(uintptr_t p) {
+  uint64_t x = (uint64_t)p * 0x9E3779B97F4A7C15ull;
+  return (size_t)(x >> 17);
+}
+
+/* Inserts p; returns 1 if it was already there, 0 if inserted, <0 on error. The set
+ * never holds more than max_nodes entries (callers count first). */
+static int visit(cxr__vctx *v, uintptr_t p) {
+  if ((v->n + 1) * 2 > v->cap) {
+    size_t ncap = v->cap * 2;
+    uintptr_t *ns = calloc(ncap, sizeof *ns);
+    if (!ns) return CXR_ENOMEM;
+    for (size_t i = 0; i < v->cap; i++) {
+      uintptr_t q = v->set[i];
+      if (!q) continue;
+      size_t j = hash_ptr(q) & (ncap - 1);
+      while (ns[j]) j = (j + 1) & (ncap - 1);
+      ns[j] = q;
+    }
+    if (v->set != v->small) free(v->set);
+    v->set = ns;
+    v->cap = ncap;
+  }
+  size_t j = hash_ptr(p) & (v->cap - 1);
+  while (v->set[j]) {
+    if (v->set[j] == p) return 1;
+    j = (j + 1) & (v->cap - 1);
+  }
+  v->set[j] = p;
+  v->n++;
+  return 0;
+}
+
+/* p..p+len inside [lo, hi), aligned. */
+static int check_mem(cxr__vctx *v, uintptr_t p, uint64_t len, size_t align) {
+  if (p < v->lo || p >= v->hi) return cxr__v_fail(v, CXR_INVALID_RANGE);
+  if (len > v->hi - p) return cxr__v_fail(v, CXR_INVALID_LENGTH);
+  if (align > 1 && (p & (align - 1))) return cxr__v_fail(v, CXR_INVALID_ALIGN);
+  return 0;
+}
+
+static int node(cxr__vctx *v, const void *p, size_t size, size_t align) {
+  int rc = check_mem(v, (uintptr_t)p, size, align);
+  if (rc) return rc;
+  if ((rc = cxr__v_count(v, 1))) return rc;
+  rc = visit(v, (uintptr_t)p);
+  if (rc < 0) return rc;
+  if (rc) return cxr__v_fail(v, CXR_INVALID_CYCLE);
+  return 0;
+}
+
+int cxr__v_root(cxr__vctx *v, const void *p, size_t size, size_t align, cxr__vfn fn) {
+  if (!p) return cxr__v_fail(v, CXR_INVALID_NULL);
+  int rc = node(v, p, size, align);
+  return rc ? rc : fn(v, p);
+}
+
+int cxr__v_msg(cxr__vctx *v, const void *p, size_t size, size_t align, cxr__vfn fn,
+               bool required) {
+  if (!p) return required ? cxr__v_fail(v, CXR_INVALID_REQUIRED) : 0;
+  if (v->depth >= v->lim.max_depth) return cxr__v_fail(v, CXR_INVALID_DEPTH);
+  int rc = node(v, p, size, align);
+  if (rc) return rc;
+  v->depth++;
+  rc = fn(v, p);
+  v->depth--;
+  return rc;
+}
+
+int cxr__v_block(cxr__vctx *v, const void *p, uint64_t count, size_t elem, size_t align) {
+  if (count == 0) return 0;  /* the pointer is never read when empty */
+  if (!p) return cxr__v_fail(v, CXR_INVALID_NULL);
+  if (count > v->lim.max_len / elem) return cxr__v_fail(v, CXR_INVALID_LENGTH);
+  return check_mem(v, (uintptr_t)p, count * elem, align);
+}
+
+int cxr__v_bool(cxr__vctx *v, const bool *b) {
+  uint8_t x;
+  memcpy(&x, b, 1);  /* read as a byte: a bool holding 2 is undefined behaviour */
+  return x > 1 ? cxr__v_fail(v, CXR_INVALID_BOOL) : 0;
+}
+
+int cxr__v_bools(cxr__vctx *v, const cxr_vec_bool *a) {
+  const bool *items = a->items;
+  uint64_t n = a->count;
+  int rc = cxr__v_block(v, items, n, 1, 1);
+  if (rc) return rc;
+  const uint8_t *q = (const uint8_t *)items;
+  for (uint64_t i = 0; i < n; i++)
+    if (q[i] > 1) return cxr__v_fail(v, CXR_INVALID_BOOL);
+  return 0;
+}
+
+int cxr__v_str(cxr__vctx *v, const cxr_str *s) {
+  return cxr__v_block(v, s->ptr, s->len, 1, 1);
+}
+
+int cxr__v_bytes(cxr__vctx *v, const cxr_bytes *b) {
+  return cxr__v_block(v, b->ptr, b->len, 1, 1);
+}
+
+int cxr__v_strs(cxr__vctx *v, const cxr_vec_str *a) {
+  const cxr_str *items = a->items;
+  uint64_t n = a->count;
+  int rc = cxr__v_block(v, items, n, sizeof(cxr_str), _Alignof(cxr_str));
+  if (rc || (rc = cxr__v_count(v, n))) return rc;
+  for (uint64_t i = 0; i < n; i++)
+    if ((rc = cxr__v_str(v, &items[i]))) return rc;
+  return 0;
+}
+
+int cxr__v_bytess(cxr__vctx *v, const cxr_vec_bytes *a) {
+  const cxr_bytes *items = a->items;
+  uint64_t n = a->count;
+  int rc = cxr__v_block(v, items, n, sizeof(cxr_bytes), _Alignof(cxr_bytes));
+  if (rc || (rc = cxr__v_count(v, n))) return rc;
+  for (uint64_t i = 0; i < n; i++)
+    if ((rc = cxr__v_bytes(v, &items[i]))) return rc;
+  return 0;
+}
+
+int cxr__v_enums(cxr__vctx *v, const cxr_vec_i32 *a, bool (*valid)(int32_t)) {
+  const int32_t *items = a->items;
+  uint64_t n = a->count;
+  int rc = cxr__v_block(v, items, n, sizeof(int32_t), _Alignof(int32_t));
+  if (rc || (rc = cxr__v_count(v, n))) return rc;
+  for (uint64_t i = 0; i < n; i++)
+    if (!valid(items[i])) return cxr__v_fail(v, CXR_INVALID_ENUM);
+  return 0;
+}
+
+int cxr__v_msgs(cxr__vctx *v, const void *items, uint64_t count, size_t size, size_t align,
+                cxr__vfn fn) {
+  int rc = cxr__v_block(v, items, count, size, align);
+  if (rc || count == 0) return rc;
+  if (v->depth >= v->lim.max_depth) return cxr__v_fail(v, CXR_INVALID_DEPTH);
+  v->depth++;
+  for (uint64_t i = 0; i < count && !rc; i++) {
+    const void *p = (const char *)items + i * size;
+    if (!(rc = node(v, p, size, align))) rc = fn(v, p);
+  }
+  v->depth--;
+  return rc;
+}
+
+/* ---------------- building ---------------- */
+
+int cxr_str_set(cxr_heap *h, cxr_str *s, const char *p, size_t len) {
+  if (!h || !s || (!p && len) || len == SIZE_MAX) return CXR_EINVAL;
+  char *d = cxr_heap_alloc(h, len + 1);
+  if (!d) return cxr_last_error() ? cxr_last_error() : CXR_ENOMEM;
+  if (len) memcpy(d, p, len);
+  d[len] = 0;
+  s->ptr = d;
+  s->len = len;
+  return 0;
+}
+
+int cxr_str_setz(cxr_heap *h, cxr_str *s, const char *z) {
+  if (!z) return CXR_EINVAL;
+  return cxr_str_set(h, s, z, strlen(z));
+}
+
+int cxr_bytes_set(cxr_heap *h, cxr_bytes *b, const void *p, size_t len) {
+  if (!b) return CXR_EINVAL;
+  cxr_str s;
+  int rc = cxr_str_set(h, &s, p, len);
+  if (rc) return rc;
+  b->ptr = (const uint8_t *)s.ptr;
+  b->len = len;
+  return 0;
+}
+
+void *cxr_vec_alloc(cxr_heap *h, size_t elem, uint64_t n) {
+  if (!h || elem == 0) return cxr__fail_null(CXR_EINVAL);
+  if (n == 0) return cxr__fail_null(CXR_EINVAL);
+  if (n > SIZE_MAX / elem) return cxr__fail_null(CXR_ENOMEM);
+  void *p = cxr_heap_alloc(h, (size_t)(n * elem));
+  if (!p) return NULL;
+  memset(p, 0, (size_t)(n * elem));
+  return p;
+}
+
+/* ---------------- copy, free, equal ---------------- */
+
+void *cxr__cp_mem(cxr_heap *to, const void *src, size_t n) {
+  if (n == 0) return NULL;
+  void *d = cxr_heap_alloc(to, n);
+  if (d) memcpy(d, src, n);
+  return d;
+}
+
+int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s) {
+  d->ptr = NULL;
+  d->len = 0;
+  if (!s->len) return 0;
+  return cxr_str_set(to, d, s->ptr, s->len);
+}
+
+int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s) {
+  d->ptr = NULL;
+  d->len = 0;
+  if (!s->len) return 0;
+  return cxr_bytes_set(to, d, s->ptr, s->len);
+}
+
+int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s) {
+  d->items = NULL;
+  d->count = 0;
+  if (!s->count) return 0;
+  if (!CXR_VEC_ALLOC(to, *d, s->count)) return CXR_ENOMEM;
+  for (uint64_t i = 0; i < s->count; i++) {
+    int rc = cxr__cp_str(to, &d->items[i], &s->items[i]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s) {
+  d->items = NULL;
+  d->count = 0;
+  if (!s->count) return 0;
+  if (!CXR_VEC_ALLOC(to, *d, s->count)) return CXR_ENOMEM;
+  for (uint64_t i = 0; i < s->count; i++) {
+    int rc = cxr__cp_bytes(to, &d->items[i], &s->items[i]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+void cxr__free_strs(cxr_heap *h, cxr_vec_str *a) {
+  for (uint64_t i = 0; a->items && i < a->count; i++) cxr_heap_free(h, (void *)a->items[i].ptr);
+  cxr_heap_free(h, a->items);
+}
+
+void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a) {
+  for (uint64_t i = 0; a->items && i < a->count; i++) cxr_heap_free(h, (void *)a->items[i].ptr);
+  cxr_heap_free(h, a->items);
+}
+
+bool cxr__eq_mem(const void *a, uint64_t alen, const void *b, uint64_t blen) {
+  return alen == blen && (alen == 0 || memcmp(a, b, alen) == 0);
+}
+
+bool cxr__eq_strs(const cxr_vec_str *a, const cxr_vec_str *b) {
+  if (a->count != b->count) return false;
+  for (uint64_t i = 0; i < a->count; i++)
+    if (!cxr__eq_mem(a->items[i].ptr, a->items[i].len, b->items[i].ptr, b->items[i].len))
+      return false;
+  return true;
+}
+
+bool cxr__eq_bytess(const cxr_vec_bytes *a, const cxr_vec_bytes *b) {
+  if (a->count != b->count) return false;
+  for (uint64_t i = 0; i < a->count; i++)
+    if (!cxr__eq_mem(a->items[i].ptr, a->items[i].len, b->items[i].ptr, b->items[i].len))
+      return false;
+  return true;
+}
+
+/* ---------------- ranges ---------------- */
+
+void cxr_ranges_init(cxr_ranges *r) {
+  if (r) memset(r, 0, sizeof *r);
+}
+
+int cxr_ranges_add(cxr_ranges *r, const void *p, size_t len) {
+  if (!r) return CXR_EINVAL;
+  if (len == 0) return 0;
+  if (r->count == r->cap) {
+    size_t ncap = r->cap ? r->cap * 2 : 16;
+    cxr_range *n = realloc(r->items, ncap * sizeof *n);
+    if (!n) return CXR_ENOMEM;
+    r->items = n;
+    r->cap = ncap;
+  }
+  r->items[r->count].p = p;
+  r->items[r->count].len = len;
+  r->count++;
+  return 0;
+}
+
+static int cmp_range(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const cxr_range *)a)->p, y = (uintptr_t)((const cxr_range *)b)->p;
+  return x < y ? -1 : x > y;
+}
+
+void cxr_ranges_merge(cxr_ranges *r) {
+  if (!r || r->count < 2) return;
+  qsort(r->items, r->count, sizeof *r->items, cmp_range);
+  size_t o = 0;
+  for (size_t i = 1; i < r->count; i++) {
+    uintptr_t end = (uintptr_t)r->items[o].p + r->items[o].len;
+    uintptr_t s = (uintptr_t)r->items[i].p, e = s + r->items[i].len;
+    if (s <= end) {
+      if (e > end) r->items[o].len = e - (uintptr_t)r->items[o].p;
+    } else {
+      r->items[++o] = r->items[i];
+    }
+  }
+  r->count = o + 1;
+}
+
+size_t cxr_ranges_bytes(const cxr_ranges *r) {
+  size_t n = 0;
+  for (size_t i = 0; r && i < r->count; i++) n += r->items[i].len;
+  return n;
+}
+
+void cxr_ranges_free(cxr_ranges *r) {
+  if (!r) return;
+  free(r->items);
+  memset(r, 0, sizeof *r);
+}
+
+int cxr__rg_strs(cxr_ranges *r, const cxr_vec_str *a) {
+  int rc = cxr_ranges_add(r, a->items, a->count * sizeof(cxr_str));
+  for (uint64_t i = 0; !rc && i < a->count; i++)
+    rc = cxr_ranges_add(r, a->items[i].ptr, a->items[i].len);
+  return rc;
+}
+
+int cxr__rg_bytess(cxr_ranges *r, const cxr_vec_bytes *a) {
+  int rc = cxr_ranges_add(r, a->items, a->count * sizeof(cxr_bytes));
+  for (uint64_t i = 0; !rc && i < a->count; i++)
+    rc = cxr_ranges_add(r, a->items[i].ptr, a->items[i].len);
+  return rc;
+}
+
+/* ---------------- ids, calls ---------------- */
+
+uint32_t cxr_method_id(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; s && *s; s++) {
+    h ^= (uint8_t)*s;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+const cxr_limits *cxr__limits(const cxr_limits *l, cxr_limits *tmp) {
+  if (l && (l->max_depth || l->max_nodes || l->max_len)) return l;
+  cxr_limits_init(tmp);
+  return tmp;
+}
