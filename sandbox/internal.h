@@ -3,7 +3,6 @@
 #ifndef CXRPC_SANDBOX_INTERNAL_H
 #define CXRPC_SANDBOX_INTERNAL_H
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +14,13 @@ extern "C" {
 #endif
 
 #define CXR__PAGE 4096u
+
+#ifdef __cplusplus
+#define CXR__ATOMIC(T) T /* C++ (tests) never touches these fields directly */
+#else
+#include <stdatomic.h>
+#define CXR__ATOMIC(T) _Atomic T
+#endif
 
 /* ---- the address window (same parsing and defaults as shm's cxr_init) ---- */
 /* $CXRPC_WINDOW ("0xLO-0xHI") or [0x6000_0000_0000, 0x7000_0000_0000). */
@@ -29,9 +35,9 @@ enum { CXR__SEAL_FREE = 0, CXR__SEAL_CLAIM = 1, CXR__SEAL_ACTIVE = 2, CXR__SEAL_
 
 /* state word: generation << 8 | state. The generation is the sender's, from the seal id. */
 typedef struct cxr__seal_rec {
-  _Atomic uint64_t state;
-  _Atomic uint64_t addr;
-  _Atomic uint64_t len;
+  CXR__ATOMIC(uint64_t) state;
+  CXR__ATOMIC(uint64_t) addr;
+  CXR__ATOMIC(uint64_t) len;
   uint64_t pad;
 } cxr__seal_rec;
 

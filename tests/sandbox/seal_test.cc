@@ -1,0 +1,223 @@
+// Seals in cooperative mode between two real processes: this test is the receiver, agent.c
+// the sender. A shared heap file is mapped at the same window address in both.
+#include <gtest/gtest.h>
+
+#include "tests/sandbox/harness.h"
+
+using namespace sbx;
+
+namespace {
+
+struct SealTest : ::testing::Test {
+  Heap heap;
+  cxr_seal_table *t = nullptr;
+  Agent ag;
+  void start(unsigned batch, bool set_peer = true) {
+    ASSERT_TRUE(make_heap(&heap, 1 << 20, false));
+    ASSERT_EQ(cxr_seal_table_create(&t, nullptr), 0);
+    ASSERT_TRUE(spawn_agent(&ag, heap, t, batch, nullptr));
+    ASSERT_EQ(agent_do(&ag, AG_FLUSH).rc, 0);  // the agent is up and mapped
+    if (set_peer) {
+      ASSERT_EQ(cxr_seal_table_set_peer(t, ag.pid, heap.p(), heap.size), 0);
+    }
+  }
+  void TearDown() override {
+    if (ag.pid > 0) stop_agent(&ag);
+    cxr_seal_table_close(t);
+    drop_heap(&heap);
+  }
+  cxr_seal_id seal(uintptr_t p, size_t n) {
+    agent_msg m = agent_do(&ag, AG_SEAL, p, n);
+    EXPECT_EQ(m.rc, 0);
+    return m.r;
+  }
+};
+
+TEST_F(SealTest, WritesFaultAfterSealAndWorkAfterRelease) {
+  start(1);
+  uintptr_t p = heap.addr + 4096;
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p).rc, 0);  // writable before
+  memset(heap.p() + 4096, 0x22, 4096);
+  cxr_seal_id id = seal(p, 4096);
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p).rc, CXR_EBADPTR);  // the store faults in the sender
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p + 4095).rc, CXR_EBADPTR);
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p + 4096).rc, 0);  // the next page is not sealed
+  ASSERT_EQ(cxr_seal_table_check(t, id, heap.p() + 4096, 100), 0);
+  EXPECT_EQ(unchanged(heap.p() + 4096, 4096, 0x22), 1);
+  ASSERT_EQ(cxr_seal_table_done(t, id), 0);
+  EXPECT_EQ(agent_do(&ag, AG_RELEASE, id).rc, 0);
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p).rc, 0);
+  EXPECT_EQ(heap.p()[4096], AGENT_MARK);
+}
+
+TEST_F(SealTest, ReleaseBeforeDoneIsRefused) {
+  start(1);
+  uintptr_t p = heap.addr + 8192;
+  cxr_seal_id id = seal(p, 2 * 4096);
+  EXPECT_EQ(agent_do(&ag, AG_RELEASE, id).rc, CXR_EAGAIN);  // not even checked yet
+  ASSERT_EQ(cxr_seal_table_check(t, id, heap.p() + 8192, 2 * 4096), 0);
+  EXPECT_EQ(agent_do(&ag, AG_RELEASE, id).rc, CXR_EPERM);  // active: refused
+  EXPECT_EQ(agent_do(&ag, AG_CANCEL, id).rc, CXR_EPERM);   // and no way around it
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p).rc, CXR_EBADPTR);
+  ASSERT_EQ(cxr_seal_table_done(t, id), 0);
+  EXPECT_EQ(cxr_seal_table_done(t, id), CXR_EINVAL);  // done once
+  EXPECT_EQ(agent_do(&ag, AG_RELEASE, id).rc, 0);
+  EXPECT_EQ(agent_do(&ag, AG_RELEASE, id).rc, CXR_EINVAL);  // released once
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p + 4096).rc, 0);
+}
+
+TEST_F(SealTest, CancelOfUncheckedSealRestoresWrite) {
+  start(1);
+  uintptr_t p = heap.addr + 3 * 4096;
+  cxr_seal_id id = seal(p, 4096);
+  EXPECT_EQ(agent_do(&ag, AG_CANCEL, id).rc, 0);
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, p).rc, 0);
+  // The receiver checking it afterwards finds it no longer sealed.
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + 3 * 4096, 4096), CXR_ENOTSEALED);
+}
+
+TEST_F(SealTest, UnsealedArgumentClaimedSealedIsRejected) {
+  start(1);
+  uintptr_t p = heap.addr + 16 * 4096;
+  // A made-up id for pages the sender never sealed.
+  cxr_seal_id fake = (1ull << 32) | 5;
+  EXPECT_EQ(cxr_seal_table_check(t, fake, heap.p() + 16 * 4096, 64), CXR_ENOTSEALED);
+  // A real id, but for other pages than the ones claimed.
+  cxr_seal_id id = seal(p, 4096);
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + 17 * 4096, 64), CXR_ENOTSEALED);
+  // A sealed range that is only partly sealed (the claim runs one page further).
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + 16 * 4096, 4097), CXR_ENOTSEALED);
+  // The sender unseals behind the library's back (cooperative mode allows the mprotect):
+  // the receiver's check asks the kernel and refuses.
+  EXPECT_EQ(agent_do(&ag, AG_ATTACK, AT_MPROTECT, p, 4096).rc, 0);
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + 16 * 4096, 64), CXR_ENOTSEALED);
+  cxr_seal_stats st;
+  ASSERT_EQ(cxr_seal_table_stats(t, &st), 0);
+  EXPECT_EQ(st.not_sealed, 4u);
+  // Garbage ids from a hostile sender.
+  EXPECT_EQ(cxr_seal_table_check(t, ~0ull, heap.p(), 64), CXR_ENOTSEALED);
+  EXPECT_EQ(cxr_seal_table_check(t, 3, heap.p(), 64), CXR_ENOTSEALED);  // generation 0
+}
+
+TEST_F(SealTest, CheckRefusesOutsideTheHeapAndDoubleClaims) {
+  start(1);
+  uintptr_t p = heap.addr + 20 * 4096;
+  cxr_seal_id id = seal(p, 4096);
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + heap.size, 10), CXR_EBADPTR);
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() - 4096, 10), CXR_EBADPTR);
+  EXPECT_EQ(cxr_seal_table_check(t, id, (void *)UINTPTR_MAX, 10), CXR_EBADPTR);
+  ASSERT_EQ(cxr_seal_table_check(t, id, heap.p() + 20 * 4096, 10), 0);
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + 20 * 4096, 10), CXR_EBUSY);
+  EXPECT_EQ(cxr_seal_table_done(t, id), 0);
+  EXPECT_EQ(agent_do(&ag, AG_RELEASE, id).rc, 0);
+}
+
+TEST_F(SealTest, OverlappingSealsAreRefused) {
+  start(1);
+  uintptr_t p = heap.addr + 24 * 4096;
+  seal(p, 2 * 4096);
+  EXPECT_EQ(agent_do(&ag, AG_SEAL, p + 4096, 4096).rc, CXR_EBUSY);
+  EXPECT_EQ(agent_do(&ag, AG_SEAL, p + 1, 4096).rc, CXR_EINVAL);  // not page-aligned
+}
+
+TEST_F(SealTest, BatchedReleaseSweepsOnceAtTheThreshold) {
+  start(16);
+  uintptr_t base = heap.addr + 64 * 4096;
+  std::vector<cxr_seal_id> ids;
+  for (int i = 0; i < 16; i++) {
+    ids.push_back(seal(base + i * 4096, 4096));
+    ASSERT_EQ(cxr_seal_table_check(t, ids[i], (void *)(base + i * 4096), 4096), 0);
+    ASSERT_EQ(cxr_seal_table_done(t, ids[i]), 0);
+  }
+  for (int i = 0; i < 15; i++) ASSERT_EQ(agent_do(&ag, AG_RELEASE, ids[i]).rc, 0);
+  // Released but not swept: still read-only.
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, base).rc, CXR_EBADPTR);
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, base + 14 * 4096).rc, CXR_EBADPTR);
+  ASSERT_EQ(agent_do(&ag, AG_RELEASE, ids[15]).rc, 0);  // the 16th: one sweep
+  for (int i = 0; i < 16; i++) EXPECT_EQ(agent_do(&ag, AG_WRITE, base + i * 4096).rc, 0);
+  // Re-sealing a page whose release is pending sweeps first, then seals.
+  cxr_seal_id a = seal(base, 4096);
+  ASSERT_EQ(cxr_seal_table_check(t, a, (void *)base, 1), 0);
+  ASSERT_EQ(cxr_seal_table_done(t, a), 0);
+  ASSERT_EQ(agent_do(&ag, AG_RELEASE, a).rc, 0);
+  cxr_seal_id b = seal(base, 4096);
+  EXPECT_EQ(cxr_seal_table_check(t, b, (void *)base, 1), 0);
+  EXPECT_EQ(agent_do(&ag, AG_WRITE, base).rc, CXR_EBADPTR);
+}
+
+TEST_F(SealTest, WithoutPeerTheCheckCannotVerify) {
+  start(1, false);
+  uintptr_t p = heap.addr + 30 * 4096;
+  cxr_seal_id id = seal(p, 4096);
+  EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + 30 * 4096, 1), 0);  // trusted claim
+  EXPECT_EQ(cxr_seal_table_done(t, id), 0);
+}
+
+TEST_F(SealTest, TheSenderCannotWriteTheTable) {
+  start(1);
+  agent_msg m = agent_do(&ag, AG_ATTACK, AT_WRITE_TABLE, 0, 0);
+  EXPECT_EQ(m.rc, -EACCES);   // mprotect: the memfd is sealed against writable views
+  EXPECT_EQ(m.r, (uint64_t)EPERM);  // and a fresh writable mapping is refused too
+}
+
+TEST(SealApi, ArgumentsAreValidated) {
+  cxr_seal_table *t = nullptr;
+  cxr_seal_opts o;
+  cxr_seal_opts_init(&o);
+  EXPECT_EQ(o.slots, 1024u);
+  EXPECT_EQ(o.release_batch, 1024u);
+  EXPECT_EQ(cxr_seal_table_create(nullptr, nullptr), CXR_EINVAL);
+  o.slots = 0;
+  EXPECT_EQ(cxr_seal_table_create(&t, &o), CXR_EINVAL);
+  ASSERT_EQ(cxr_seal_table_create(&t, nullptr), 0);
+  cxr_seal_id id;
+  EXPECT_EQ(cxr_seal_table_seal(t, (void *)4096, 4096, &id), CXR_EINVAL);  // receiver handle
+  EXPECT_EQ(cxr_seal_table_check(t, 0, nullptr, 1), CXR_EINVAL);
+  EXPECT_EQ(cxr_seal_table_set_peer(t, -1, nullptr, 0), CXR_EINVAL);
+  EXPECT_EQ(cxr_seal_table_set_peer(t, getpid(), (void *)1, 4096), CXR_EINVAL);
+  EXPECT_EQ(cxr_seal_table_enforce(t, "/nonexistent/cxrpcd.sock"), CXR_EINVAL);  // no peer yet
+  cxr_seal_table *s = nullptr;
+  EXPECT_EQ(cxr_seal_table_attach(&s, -1, nullptr), CXR_EINVAL);
+  int junk = memfd_create("junk", 0);
+  ASSERT_EQ(ftruncate(junk, 8192), 0);
+  EXPECT_EQ(cxr_seal_table_attach(&s, junk, nullptr), CXR_EBADMAGIC);
+  close(junk);
+  ASSERT_EQ(cxr_seal_table_attach(&s, cxr_seal_table_fd(t), nullptr), 0);
+  EXPECT_EQ(cxr_seal_table_seal(s, nullptr, 4096, &id), CXR_EINVAL);
+  EXPECT_EQ(cxr_seal_table_release(s, 12345), CXR_EINVAL);
+  EXPECT_EQ(cxr_seal_table_done(s, 0), CXR_EINVAL);  // sender handle
+  cxr_seal_table_close(s);
+  cxr_seal_table_close(t);
+  cxr_seal_table_close(nullptr);
+}
+
+TEST(SealApi, SlotsRunOut) {
+  cxr_seal_table *t = nullptr, *s = nullptr;
+  cxr_seal_opts o;
+  cxr_seal_opts_init(&o);
+  o.slots = 4;
+  o.release_batch = 1;
+  ASSERT_EQ(cxr_seal_table_create(&t, &o), 0);
+  ASSERT_EQ(cxr_seal_table_attach(&s, cxr_seal_table_fd(t), &o), 0);
+  void *m = mmap(nullptr, 8 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  cxr_seal_id ids[5];
+  for (int i = 0; i < 4; i++) ASSERT_EQ(cxr_seal_table_seal(s, (char *)m + i * 4096, 1, &ids[i]), 0);
+  EXPECT_EQ(cxr_seal_table_seal(s, (char *)m + 4 * 4096, 1, &ids[4]), CXR_EFULL);
+  EXPECT_EQ(cxr_seal_table_cancel(s, ids[0]), 0);
+  EXPECT_EQ(cxr_seal_table_seal(s, (char *)m + 4 * 4096, 1, &ids[4]), 0);
+  EXPECT_NE(ids[4], ids[0]);  // a new generation on the reused slot
+  cxr_range r;
+  ASSERT_EQ(cxr_seal_table_range(s, ids[4], &r), 0);
+  EXPECT_EQ(r.p, (char *)m + 4 * 4096);
+  EXPECT_EQ(r.len, 4096u);
+  cxr_seal_table_peer_dead(s);  // the receiver is gone: everything may be released
+  for (int i = 1; i < 5; i++) EXPECT_EQ(cxr_seal_table_release(s, ids[i]), 0);
+  ((volatile char *)m)[0] = 1;
+  ((volatile char *)m)[4 * 4096] = 1;
+  cxr_seal_table_close(s);
+  cxr_seal_table_close(t);
+  munmap(m, 8 * 4096);
+}
+
+}  // namespace
