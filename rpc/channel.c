@@ -181,9 +181,14 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
     cxr__sconn_free_result(sc, d.ptr);
   int reaped = cxr_heap_reap(sc->heap);
+  /* A client that closed cleanly but left many blocks behind gets a fresh heap. (Not
+   * measured when the client is this very process, which may still be closing its handle:
+   * the heap's statistics are not safe against a concurrent close in one process.) */
   cxr_heap_stats st;
-  bool bloated = cxr_heap_stats(sc->heap, &st) != 0 ||
-                 st.used > sc->baseline_used + ch->o.conn_heap_size / 8;
+  bool bloated = false;
+  if (cxr__owner_pid(CXR__LDX(&s->owner)) != (uint32_t)ch->self.pid)
+    bloated = cxr_heap_stats(sc->heap, &st) != 0 ||
+              st.used > sc->baseline_used + ch->o.conn_heap_size / 8;
   CXR__ADD(dead ? &ch->cb->reclaimed : &ch->cb->disconnects, 1);
   CXR_DEBUG("channel %s: slot %u %s (reaped %d holders)", ch->name, sc->index,
             dead ? "reclaimed from a dead client" : "closed", reaped);
@@ -205,9 +210,15 @@ static unsigned count_ready(cxr_channel *ch) {
 
 /* Refills the pool up to o.pool ready slots. Returns how many were made ready. */
 static unsigned refill(cxr_channel *ch) {
-  unsigned ready = count_ready(ch), made = 0;
+  unsigned ready = count_ready(ch), made = 0, soon = 0;
+  /* Slots being recycled will be ready shortly: do not make new heap files for them. */
+  for (unsigned k = 0; k < ch->o.max_conns; k++) {
+    unsigned st = cxr__owner_state(CXR__LD(&ch->conns[k].slot->owner));
+    if (ch->conns[k].heap != NULL && (st == CXR__SLOT_CLOSING || st == CXR__SLOT_BUSY)) soon++;
+  }
   /* First reuse slots that still have a heap (no file operation), then create heaps. */
   for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1 && ready + soon >= ch->o.pool) break;
     for (unsigned k = 0; k < ch->o.max_conns && ready < ch->o.pool; k++) {
       cxr__sconn *sc = &ch->conns[k];
       uint64_t o = CXR__LD(&sc->slot->owner);

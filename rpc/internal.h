@@ -31,7 +31,6 @@ extern "C" {
 #define CXR__ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
 #define CXR__CAS(p, expp, v) \
   __atomic_compare_exchange_n((p), (expp), (v), false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
-#define CXR__FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 
 #define CXR__CHAN_MAGIC 0x314e414843525843ull /* "CXRCHAN1" */
 #define CXR__CONN_MAGIC 0x314e4e4f43525843ull /* "CXRCONN1" */

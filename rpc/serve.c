@@ -108,10 +108,11 @@ static unsigned poll_once(cxr_channel *ch) {
       bits &= bits - 1;
       if (k >= ch->o.max_conns) break;
       cxr__sconn *sc = &ch->conns[k];
-      if (!__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE)) continue;
-      if (!cxr__ring_nonempty(&sc->req)) continue;
+      /* Enter before looking at the rings: the manager unmaps a connection only after
+       * setting retiring and seeing inflight at 0 (both seq_cst). */
       __atomic_fetch_add(&sc->inflight, 1, __ATOMIC_SEQ_CST);
-      if (!__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST)) {
+      if (!__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) &&
+          __atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) && cxr__ring_nonempty(&sc->req)) {
         cxr__desc d;
         for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
           handle(ch, sc, &d);
@@ -133,7 +134,11 @@ static bool any_request(cxr_channel *ch) {
       bits &= bits - 1;
       if (k >= ch->o.max_conns) break;
       cxr__sconn *sc = &ch->conns[k];
-      if (__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) && cxr__ring_nonempty(&sc->req)) return true;
+      __atomic_fetch_add(&sc->inflight, 1, __ATOMIC_SEQ_CST);
+      bool any = !__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) &&
+                 __atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) && cxr__ring_nonempty(&sc->req);
+      __atomic_fetch_sub(&sc->inflight, 1, __ATOMIC_SEQ_CST);
+      if (any) return true;
     }
   }
   return false;

@@ -1,7 +1,7 @@
 /* The waiting toolkit: futexes on shared words (not FUTEX_PRIVATE: the waker is another
  * process) and the spin budgets. Protocol for every sleeper/waker pair:
- *   sleeper: v = futex; sleepers++; fence; re-check the condition; wait(futex, v); sleepers--
- *   waker:   publish; fence; if (sleepers) { futex++; wake }
+ *   sleeper: v = futex; sleepers++ (seq_cst RMW); re-check the condition; wait(futex, v); sleepers--
+ *   waker:   publish; if (sleepers RMW +0) { futex++; wake }
  * Either the sleeper sees the work on its re-check, or the waker sees the sleeper and the
  * futex value changes, so FUTEX_WAIT returns at once. A busy peer never pays a syscall. */
 #include <errno.h>
@@ -23,8 +23,9 @@ void cxr__futex_wait(uint32_t *w, uint32_t val, int64_t timeout_ns) {
 void cxr__futex_wake(uint32_t *w, int n) { syscall(SYS_futex, w, FUTEX_WAKE, n, NULL, NULL, 0); }
 
 void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers) {
-  CXR__FENCE();
-  if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0) {
+  /* A read-modify-write of the sleepers word (not a fence, which TSan cannot model) orders
+   * our publication before the read: it joins the RMW chain the sleepers' increments are in. */
+  if (__atomic_fetch_add(sleepers, 0, __ATOMIC_SEQ_CST) != 0) {
     __atomic_fetch_add(futex, 1, __ATOMIC_SEQ_CST);
     cxr__futex_wake(futex, INT_MAX);
   }
