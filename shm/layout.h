@@ -18,8 +18,16 @@
 #define CXRPC_SHM_LAYOUT_H
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
+
+/* C++ (white-box tests) sees the same layout through std::atomic. */
+#ifdef __cplusplus
+#include <atomic>
+#define CXR_ATOMIC(T) std::atomic<T>
+#else
+#include <stdatomic.h>
+#define CXR_ATOMIC(T) _Atomic T
+#endif
 
 #include <cxrpc/base.h>
 
@@ -41,8 +49,8 @@
 enum { CXR_BLK_FREE = 0xF5, CXR_BLK_CACHED = 0xCA, CXR_BLK_ALLOC = 0xA1 };
 
 typedef struct cxr__blk {
-  _Atomic uint64_t tag;   /* state:8 | class:8 | owner slot:8 | 0:8 | owner slot gen:32 */
-  _Atomic uint64_t next;  /* central free list: offset of the next FREE block, 0 = end */
+  CXR_ATOMIC(uint64_t) tag;   /* state:8 | class:8 | owner slot:8 | 0:8 | owner slot gen:32 */
+  CXR_ATOMIC(uint64_t) next;  /* central free list: offset of the next FREE block, 0 = end */
 } cxr__blk;
 
 static inline uint64_t cxr__tag(unsigned state, unsigned cls, unsigned slot, uint32_t gen) {
@@ -64,8 +72,8 @@ enum {
 };
 
 typedef struct cxr__pme {
-  _Atomic uint64_t w0;  /* kind:8 | class:8 | slot:8 | 0:8 | npages:32 */
-  _Atomic uint64_t w1;  /* gen:32 | back:32, or next:32 | prev:32 for free heads */
+  CXR_ATOMIC(uint64_t) w0;  /* kind:8 | class:8 | slot:8 | 0:8 | npages:32 */
+  CXR_ATOMIC(uint64_t) w1;  /* gen:32 | back:32, or next:32 | prev:32 for free heads */
 } cxr__pme;
 
 static inline uint64_t cxr__pm_w0(unsigned kind, unsigned cls, unsigned slot, uint32_t n) {
@@ -80,14 +88,14 @@ static inline uint32_t cxr__pm_npages(uint64_t w) { return (uint32_t)w; }
 enum { CXR_SLOT_FREE = 0, CXR_SLOT_LIVE = 1 };
 
 typedef struct cxr__slot {
-  _Atomic uint32_t state;     /* written last when taken, first when released */
+  CXR_ATOMIC(uint32_t) state;     /* written last when taken, first when released */
   uint32_t gen;               /* identifies this tenancy in block tags */
   int32_t pid;
   uint32_t pad0;
   uint64_t start_time;        /* /proc/pid/stat field 22: pid reuse is not liveness */
   uint64_t host;              /* boot id hash: pids mean nothing on another host */
-  _Atomic int64_t lease_ns;   /* CLOCK_REALTIME of the last renewal */
-  _Atomic uint64_t allocs, frees;
+  CXR_ATOMIC(int64_t) lease_ns;   /* CLOCK_REALTIME of the last renewal */
+  CXR_ATOMIC(uint64_t) allocs, frees;
   char pad[64];
 } __attribute__((aligned(64))) cxr__slot;
 
@@ -107,7 +115,7 @@ typedef struct cxr__hdr {
   uint64_t data_off;          /* offset of the first data page */
 
   pthread_mutex_t lock;       /* PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST */
-  _Atomic uint64_t root_off;  /* cxr_heap_set_root; 0 = NULL */
+  CXR_ATOMIC(uint64_t) root_off;  /* cxr_heap_set_root; 0 = NULL */
   uint32_t slot_gen_next;
   uint32_t free_runs;         /* first free run (page + 1), 0 = none */
   uint64_t retired_allocs, retired_frees; /* counters of released slots */

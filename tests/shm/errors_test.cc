@@ -1,0 +1,217 @@
+// Every bad case has its own error code and none crashes: bad roots, truncated or forged
+// heap files, taken address ranges. Also explicit heap paths (as for a DAX device) and the
+// cache-line persistence path of libpmem2.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+
+#include <cxrpc/shm.h>
+
+#include "shm/layout.h"
+#include "tests/shm/util.h"
+
+using namespace shmtest;
+
+static std::string g_root = setup_root("errors_test");
+
+// Must run first: the runtime is not initialised yet, and a failed cxr_init leaves it so.
+TEST(Errors, A_RootMissingOrNotWritable) {
+  cxr_init_opts o;
+  cxr_init_opts_init(&o);
+  std::string missing = g_root + "/no/such/folder";
+  o.root = missing.c_str();
+  EXPECT_EQ(cxr_init(&o), CXR_ENOENT);
+  // A file where the folder should be.
+  std::string file = g_root + "-file";
+  int fd = open(file.c_str(), O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  o.root = file.c_str();
+  EXPECT_EQ(cxr_init(&o), CXR_EACCES);
+  unlink(file.c_str());
+  // A read-only mount (root ignores permission bits, not a read-only file system). The
+  // mount happens in a child's own mount namespace.
+  std::string ro = g_root + "-ro";
+  mkdir(ro.c_str(), 0777);
+  pid_t pid = spawn([&]() -> int {
+    if (unshare(CLONE_NEWNS) != 0) return 77;
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 77;
+    if (mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=1m") != 0) return 77;
+    cxr_init_opts co;
+    cxr_init_opts_init(&co);
+    co.root = ro.c_str();
+    int rc = cxr_init(&co);
+    return rc == CXR_EACCES ? 0 : 10 - rc;
+  });
+  int rc = wait_child(pid);
+  rmdir(ro.c_str());
+  if (rc == 77) {
+    GTEST_SKIP() << "cannot mount a read-only tmpfs here (no CAP_SYS_ADMIN)";
+  }
+  EXPECT_EQ(rc, 0);
+  // Nothing was initialised by the failures: the real root still works.
+  EXPECT_EQ(cxr_init(nullptr), 0);
+  EXPECT_STREQ(cxr_root(), g_root.c_str());
+}
+
+TEST(Errors, BadWindowOptions) {
+  cxr_init_opts o;
+  cxr_init_opts_init(&o);
+  o.window_base = 0x123;  // not aligned
+  EXPECT_EQ(cxr_init(&o), CXR_EINVAL);
+  cxr_init_opts_init(&o);
+  o.pod = 20;
+  o.pod_slices = 16;
+  EXPECT_EQ(cxr_init(&o), CXR_EINVAL);
+}
+
+namespace {
+
+// Creates a heap, closes it and returns its file path.
+std::string make_heap(const std::string &name, size_t size = 1 << 20) {
+  cxr_heap *h = nullptr;
+  EXPECT_EQ(cxr_heap_create(&h, name.c_str(), size, nullptr), 0);
+  cxr_heap_close(h);
+  return g_root + "/" + name + ".heap";
+}
+
+void patch(const std::string &path, size_t off, const void *v, size_t n) {
+  int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, v, n, (off_t)off), (ssize_t)n);
+  close(fd);
+}
+
+}  // namespace
+
+TEST(Errors, TruncatedFile) {
+  std::string name = uniq("trunc");
+  std::string path = make_heap(name);
+  ASSERT_EQ(truncate(path.c_str(), 256 << 10), 0);
+  cxr_heap *h = nullptr;
+  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ETRUNCATED);
+  EXPECT_EQ(h, nullptr);
+  ASSERT_EQ(truncate(path.c_str(), 10), 0);
+  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ETRUNCATED);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
+
+TEST(Errors, BadMagicAndVersion) {
+  std::string name = uniq("magic");
+  std::string path = make_heap(name);
+  cxr_heap *h = nullptr;
+  uint32_t v = 99;
+  patch(path, offsetof(cxr__hdr, version), &v, sizeof v);
+  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_EVERSION);
+  uint64_t m = 0x1122334455667788ull;
+  patch(path, offsetof(cxr__hdr, magic), &m, sizeof m);
+  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_EBADMAGIC);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
+
+TEST(Errors, HeaderAddressOrSizeOutsideTheWindow) {
+  std::string name = uniq("range");
+  std::string path = make_heap(name);
+  cxr_heap *h = nullptr;
+  uint64_t addr = 0x1000;
+  patch(path, offsetof(cxr__hdr, addr), &addr, sizeof addr);
+  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ERANGE);
+  uintptr_t wb;
+  size_t ws;
+  ASSERT_EQ(cxr_window(&wb, &ws), 0);
+  addr = wb + ws - (512 << 10);  // starts inside, ends outside
+  patch(path, offsetof(cxr__hdr, addr), &addr, sizeof addr);
+  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ERANGE);
+  // The heap file itself is big enough for its size field; the size runs past the window.
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  std::string n2 = uniq("range2");
+  std::string p2 = make_heap(n2, 4 << 20);
+  addr = wb + ws - (2 << 20);
+  patch(p2, offsetof(cxr__hdr, addr), &addr, sizeof addr);
+  EXPECT_EQ(cxr_heap_open(&h, n2.c_str()), CXR_ERANGE);
+  EXPECT_EQ(cxr_heap_unlink(n2.c_str()), 0);
+  // Heap options out of the pod's slice.
+  cxr_heap_opts o;
+  cxr_heap_opts_init(&o);
+  o.addr = wb + ws + (2 << 20);
+  EXPECT_EQ(cxr_heap_create(&h, uniq("range3").c_str(), 1 << 20, &o), CXR_ERANGE);
+}
+
+TEST(Errors, AddressRangeAlreadyTaken) {
+  cxr_heap *a = nullptr, *b = nullptr;
+  std::string na = uniq("taken-a");
+  ASSERT_EQ(cxr_heap_create(&a, na.c_str(), 1 << 20, nullptr), 0);
+  cxr_heap_opts o;
+  cxr_heap_opts_init(&o);
+  // Another heap's range (the registry refuses).
+  o.addr = (uintptr_t)cxr_heap_base(a);
+  EXPECT_EQ(cxr_heap_create(&b, uniq("taken-b").c_str(), 1 << 20, &o), CXR_EADDRINUSE);
+  // A foreign mapping inside the window that the registry knows nothing about.
+  uintptr_t free_addr = (uintptr_t)cxr_heap_base(a) + (64 << 20);
+  void *foreign = mmap((void *)free_addr, 1 << 20, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  ASSERT_EQ(foreign, (void *)free_addr);
+  o.addr = free_addr;
+  std::string nb = uniq("taken-c");
+  EXPECT_EQ(cxr_heap_create(&b, nb.c_str(), 1 << 20, &o), CXR_EADDRINUSE);
+  EXPECT_EQ(cxr_heap_open(&b, nb.c_str()), CXR_ENOENT);  // nothing half-made remains
+  // Give the range back to the reservation.
+  mmap((void *)free_addr, 1 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  EXPECT_EQ(cxr_heap_create(&b, nb.c_str(), 1 << 20, &o), 0);
+  EXPECT_EQ((uintptr_t)cxr_heap_base(b), free_addr);
+  cxr_heap_close(b);
+  cxr_heap_close(a);
+  EXPECT_EQ(cxr_heap_unlink(na.c_str()), 0);
+  EXPECT_EQ(cxr_heap_unlink(nb.c_str()), 0);
+}
+
+TEST(Errors, ExplicitPathLikeADaxDeviceWithCacheLinePersistence) {
+  // libpmem2 takes its cache-line path (flush instructions instead of msync) when forced.
+  std::string path = g_root + "-dax.img";
+  std::string name = uniq("dax");
+  pid_t pid = spawn([&]() -> int {
+    setenv("PMEM2_FORCE_GRANULARITY", "CACHE_LINE", 1);
+    cxr_heap *h = nullptr;
+    cxr_heap_opts o;
+    cxr_heap_opts_init(&o);
+    o.path = path.c_str();
+    if (cxr_heap_create(&h, name.c_str(), 2 << 20, &o) != 0) return 10;
+    char *p = (char *)cxr_heap_alloc(h, 64);
+    strcpy(p, "persisted");
+    if (cxr_heap_persist(h, p, 64) != 0) return 11;
+    cxr_heap_set_root(h, p);
+    cxr_heap_close(h);
+    return 0;
+  });
+  ASSERT_EQ(wait_child(pid), 0);
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_open(&h, name.c_str()), 0);
+  EXPECT_STREQ((char *)cxr_heap_get_root(h), "persisted");
+  cxr_heap_info info[8];
+  size_t n = 0;
+  ASSERT_EQ(cxr_registry_list(info, 8, &n), 0);
+  bool found = false;
+  for (size_t i = 0; i < n && i < 8; i++)
+    if (name == info[i].name) {
+      found = true;
+      EXPECT_EQ(path, info[i].path);
+      EXPECT_EQ(info[i].holders, 1u);
+    }
+  EXPECT_TRUE(found);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+TEST(Errors, TooManyHolders) {
+  std::string name = uniq("holders");
+  cxr_heap *h[CXR_MAX_HOLDERS + 1];
+  ASSERT_EQ(cxr_heap_create(&h[0], name.c_str(), 1 << 20, nullptr), 0);
+  for (unsigned i = 1; i < CXR_MAX_HOLDERS; i++) ASSERT_EQ(cxr_heap_open(&h[i], name.c_str()), 0);
+  EXPECT_EQ(cxr_heap_open(&h[CXR_MAX_HOLDERS], name.c_str()), CXR_EFULL);
+  for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) cxr_heap_close(h[i]);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  EXPECT_TRUE(list_dir(g_root).empty());
+}
