@@ -1,0 +1,544 @@
+// Generated message code over real heaps: random messages survive shared memory ->
+// protobuf-c -> wire bytes -> protobuf-c -> shared memory; the validator accepts every
+// built message and refuses each class of malformed graph; copy, free, equal, ranges.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/idl/everything.cxr.h"
+
+namespace {
+
+std::string g_root = [] {
+  const char *t = getenv("TEST_TMPDIR");
+  std::string r = std::string(t ? t : "/tmp") + "/idl-msg-" + std::to_string(getpid());
+  mkdir(r.c_str(), 0777);
+  setenv("CXRPC_ROOT", r.c_str(), 1);
+  return r;
+}();
+
+typedef cxrtest_Everything Ev;
+typedef cxrtest_open_Tree Tree;
+
+class Msg : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cxr_init(nullptr), 0);
+    static int n;
+    name = "idlmsg-" + std::to_string(getpid()) + "-" + std::to_string(++n);
+    ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 32u << 20, nullptr), 0);
+    name2 = name + "b";
+    ASSERT_EQ(cxr_heap_create(&h2, name2.c_str(), 32u << 20, nullptr), 0);
+    cxr_limits_init(&lim);
+  }
+  void TearDown() override {
+    cxr_heap_close(h);
+    cxr_heap_close(h2);
+    cxr_heap_unlink(name.c_str());
+    cxr_heap_unlink(name2.c_str());
+  }
+  cxr_range range(cxr_heap *x) { return cxr_range{cxr_heap_base(x), cxr_heap_size(x)}; }
+  size_t used(cxr_heap *x) {
+    cxr_heap_stats st;
+    EXPECT_EQ(cxr_heap_stats(x, &st), 0);
+    return st.used;
+  }
+  int validate(const Ev *m) {
+    cxr_range r = range(h);
+    return cxrtest_Everything_validate(m, &r, &lim);
+  }
+
+  // ---- random messages ----
+  std::string rstr(std::mt19937_64 &rng, size_t max = 24) {
+    std::string s;
+    size_t n = rng() % (max + 1);
+    for (size_t i = 0; i < n; i++) s += (char)('a' + rng() % 26);
+    return s;
+  }
+  void set_str(cxr_str *s, const std::string &v) {
+    ASSERT_EQ(cxr_str_set(h, s, v.data(), v.size()), 0);
+  }
+  cxrtest_Leaf *leaf(std::mt19937_64 &rng) {
+    cxrtest_Leaf *l = cxrtest_Leaf_new(h);
+    EXPECT_NE(l, nullptr);
+    if (rng() % 2) l->has_id = true, l->id = (int32_t)rng();
+    if (rng() % 2) {
+      l->has_label = true;
+      set_str(&l->label, rstr(rng));
+    }
+    return l;
+  }
+  void fill_leaf(std::mt19937_64 &rng, cxrtest_Leaf *l) {
+    cxrtest_Leaf *t = leaf(rng);
+    *l = *t;
+    cxr_heap_free(h, t);  // only the struct: its string now belongs to *l
+  }
+  Tree *tree(std::mt19937_64 &rng, int depth) {
+    Tree *t = cxrtest_open_Tree_new(h);
+    set_str(&t->name, rstr(rng, 12));
+    t->kind = (int32_t)(rng() % 5) - 1;  // open enum: any value, -1 and 3 included
+    if (rng() % 2) {
+      std::string d = rstr(rng, 40);
+      EXPECT_EQ(cxr_bytes_set(h, &t->data, d.data(), d.size()), 0);
+    }
+    if (depth < 3) {
+      uint64_t n = rng() % 4;
+      if (n) {
+        EXPECT_NE(CXR_VEC_ALLOC(h, t->children, n), nullptr);
+        for (uint64_t i = 0; i < n; i++) {
+          Tree *c = tree(rng, depth + 1);
+          t->children.items[i] = *c;
+          cxr_heap_free(h, c);
+        }
+      }
+      if (rng() % 3 == 0) t->link = tree(rng, depth + 1);
+    }
+    if (uint64_t n = rng() % 5) {
+      CXR_VEC_ALLOC(h, t->sizes, n);
+      for (uint64_t i = 0; i < n; i++) t->sizes.items[i] = (int64_t)rng();
+    }
+    if (uint64_t n = rng() % 3) {
+      CXR_VEC_ALLOC(h, t->attrs, n);
+      for (uint64_t i = 0; i < n; i++) {
+        set_str(&t->attrs.items[i].key, "k" + std::to_string(i));
+        set_str(&t->attrs.items[i].value, rstr(rng));
+      }
+    }
+    switch (rng() % 4) {
+      case 1:
+        t->payload_case = 8;
+        set_str(&t->payload.text, rstr(rng));
+        break;
+      case 2:
+        t->payload_case = 9;
+        t->payload.number = (double)(int64_t)rng() / 7.0;
+        break;
+      case 3:
+        t->payload_case = 10;
+        t->payload.payload_kind = 77;
+        break;
+    }
+    if (uint64_t n = rng() % 3) {
+      CXR_VEC_ALLOC(h, t->kinds, n);
+      for (uint64_t i = 0; i < n; i++) t->kinds.items[i] = (int32_t)(rng() % 100);
+    }
+    return t;
+  }
+  Ev *random_ev(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    Ev *m = cxrtest_Everything_new(h);
+    EXPECT_NE(m, nullptr);
+    m->id = (int64_t)rng();
+    set_str(&m->name, rstr(rng));
+    m->must = leaf(rng);
+    auto maybe = [&]() { return rng() % 2 == 0; };
+    if (maybe()) m->has_f_double = true, m->f_double = (double)(int64_t)rng() / 3.0;
+    if (maybe()) m->has_f_float = true, m->f_float = (float)(int32_t)rng() / 5.0f;
+    if (maybe()) m->has_f_int32 = true, m->f_int32 = (int32_t)rng();
+    if (maybe()) m->has_f_int64 = true, m->f_int64 = (int64_t)rng();
+    if (maybe()) m->has_f_uint32 = true, m->f_uint32 = (uint32_t)rng();
+    if (maybe()) m->has_f_uint64 = true, m->f_uint64 = rng();
+    if (maybe()) m->has_f_sint32 = true, m->f_sint32 = (int32_t)rng();
+    if (maybe()) m->has_f_sint64 = true, m->f_sint64 = (int64_t)rng();
+    if (maybe()) m->has_f_fixed32 = true, m->f_fixed32 = (uint32_t)rng();
+    if (maybe()) m->has_f_fixed64 = true, m->f_fixed64 = rng();
+    if (maybe()) m->has_f_sfixed32 = true, m->f_sfixed32 = (int32_t)rng();
+    if (maybe()) m->has_f_sfixed64 = true, m->f_sfixed64 = (int64_t)rng();
+    if (maybe()) m->has_f_bool = true, m->f_bool = rng() % 2;
+    if (maybe()) m->has_f_string = true, set_str(&m->f_string, rstr(rng, 100));
+    if (maybe()) {
+      m->has_f_bytes = true;
+      std::string b = rstr(rng, 50);
+      b += '\0';  // bytes may hold NUL
+      EXPECT_EQ(cxr_bytes_set(h, &m->f_bytes, b.data(), b.size()), 0);
+    }
+    if (maybe()) m->has_color = true, m->color = 1 + rng() % 3;
+    if (maybe()) {
+      m->inner = cxrtest_Everything_Inner_new(h);
+      cxrtest_Everything_Inner *in = m->inner;
+      for (int d = 0; d < (int)(rng() % 4); d++) {
+        in->has_mode = true;
+        in->mode = rng() % 2;
+        if (uint64_t n = rng() % 3) {
+          CXR_VEC_ALLOC(h, in->notes, n);
+          for (uint64_t i = 0; i < n; i++) set_str(&in->notes.items[i], rstr(rng));
+        }
+        in->child = cxrtest_Everything_Inner_new(h);
+        in = in->child;
+      }
+    }
+    if (maybe()) m->tree = tree(rng, 0);
+#define RND_VEC(f, expr)                                   \
+  if (uint64_t n = rng() % 5) {                            \
+    EXPECT_NE(CXR_VEC_ALLOC(h, m->f, n), nullptr);         \
+    for (uint64_t i = 0; i < n; i++) m->f.items[i] = expr; \
+  }
+    RND_VEC(r_double, (double)(int64_t)rng() / 9.0);
+    RND_VEC(r_float, (float)(int32_t)rng() / 3.0f);
+    RND_VEC(r_int32, (int32_t)rng());
+    RND_VEC(r_int64, (int64_t)rng());
+    RND_VEC(r_uint32, (uint32_t)rng());
+    RND_VEC(r_uint64, rng());
+    RND_VEC(r_sint32, (int32_t)rng());
+    RND_VEC(r_sfixed64, (int64_t)rng());
+    RND_VEC(r_bool, (bool)(rng() % 2));
+    RND_VEC(r_color, (int32_t)(1 + rng() % 3));
+    RND_VEC(r_packed, (int32_t)rng());
+    if (uint64_t n = rng() % 4) {
+      CXR_VEC_ALLOC(h, m->r_string, n);
+      for (uint64_t i = 0; i < n; i++) set_str(&m->r_string.items[i], rstr(rng));
+    }
+    if (uint64_t n = rng() % 4) {
+      CXR_VEC_ALLOC(h, m->r_bytes, n);
+      for (uint64_t i = 0; i < n; i++) {
+        std::string b = rstr(rng);
+        cxr_bytes_set(h, &m->r_bytes.items[i], b.data(), b.size());
+      }
+    }
+    if (uint64_t n = rng() % 4) {
+      CXR_VEC_ALLOC(h, m->r_leaf, n);
+      for (uint64_t i = 0; i < n; i++) fill_leaf(rng, &m->r_leaf.items[i]);
+    }
+    if (uint64_t n = rng() % 3) {
+      CXR_VEC_ALLOC(h, m->by_name, n);
+      for (uint64_t i = 0; i < n; i++) {
+        set_str(&m->by_name.items[i].key, "n" + std::to_string(i));
+        if (rng() % 2) m->by_name.items[i].value = leaf(rng);
+      }
+    }
+    if (uint64_t n = rng() % 3) {
+      CXR_VEC_ALLOC(h, m->labels, n);
+      for (uint64_t i = 0; i < n; i++) {
+        m->labels.items[i].key = (int32_t)i * 7;
+        set_str(&m->labels.items[i].value, rstr(rng));
+      }
+    }
+    if (uint64_t n = rng() % 3) {
+      CXR_VEC_ALLOC(h, m->modes, n);
+      for (uint64_t i = 0; i < n; i++) {
+        set_str(&m->modes.items[i].key, rstr(rng, 5));
+        m->modes.items[i].value = rng() % 2;
+      }
+    }
+    if (uint64_t n = rng() % 3) {
+      CXR_VEC_ALLOC(h, m->blobs, n);
+      for (uint64_t i = 0; i < n; i++) {
+        m->blobs.items[i].key = rng();
+        std::string b = rstr(rng);
+        cxr_bytes_set(h, &m->blobs.items[i].value, b.data(), b.size());
+      }
+    }
+    switch (rng() % 7) {
+      case 1: m->choice_case = 50, m->choice.c_int = (int32_t)rng(); break;
+      case 2: m->choice_case = 51, set_str(&m->choice.c_str, rstr(rng)); break;
+      case 3: m->choice_case = 52, m->choice.c_leaf = leaf(rng); break;
+      case 4: m->choice_case = 53, m->choice.c_color = 2; break;
+      case 5: m->choice_case = 54, m->choice.c_bool = true; break;
+      case 6: {
+        m->choice_case = 55;
+        std::string b = rstr(rng);
+        cxr_bytes_set(h, &m->choice.c_bytes, b.data(), b.size());
+        break;
+      }
+    }
+    if (maybe()) m->has_class_ = true, m->class_ = 42;
+    if (maybe()) m->has_Mixed_Case = true, set_str(&m->Mixed_Case, "MiXeD");
+    return m;
+  }
+
+  std::string name, name2;
+  cxr_heap *h = nullptr, *h2 = nullptr;
+  cxr_limits lim;
+};
+
+TEST_F(Msg, RandomMessagesSurviveProtobufWireRoundTrip) {
+  size_t base = used(h);
+  for (uint64_t seed = 1; seed <= 300; seed++) {
+    Ev *m = random_ev(seed);
+    ASSERT_EQ(validate(m), 0) << "seed " << seed << ": " << cxr_invalid_str(cxr_invalid_reason());
+    Cxrtest__Everything *pb = nullptr;
+    ASSERT_EQ(cxrtest_Everything_to_pb(m, &pb), 0) << seed;
+    size_t n = cxrtest__everything__get_packed_size(pb);
+    std::vector<uint8_t> wire(n);
+    ASSERT_EQ(cxrtest__everything__pack(pb, wire.data()), n);
+    cxrtest_Everything_pb_free(pb);
+    Cxrtest__Everything *back = cxrtest__everything__unpack(nullptr, n, wire.data());
+    ASSERT_NE(back, nullptr) << seed;
+    Ev *m2 = nullptr;
+    ASSERT_EQ(cxrtest_Everything_from_pb(h, back, &m2), 0) << seed;
+    cxrtest__everything__free_unpacked(back, nullptr);
+    EXPECT_TRUE(cxrtest_Everything_equal(m, m2)) << "seed " << seed;
+    EXPECT_EQ(validate(m2), 0) << seed;
+    // A change is noticed.
+    m2->id ^= 1;
+    EXPECT_FALSE(cxrtest_Everything_equal(m, m2));
+    cxrtest_Everything_free(h, m);
+    cxrtest_Everything_free(h, m2);
+  }
+  EXPECT_EQ(used(h), base) << "free left blocks behind";
+}
+
+TEST_F(Msg, CopyBetweenHeapsIsDeepAndEqual) {
+  for (uint64_t seed = 1000; seed < 1050; seed++) {
+    Ev *m = random_ev(seed);
+    Ev *c = nullptr;
+    ASSERT_EQ(cxrtest_Everything_copy(h2, m, &c), 0);
+    EXPECT_TRUE(cxrtest_Everything_equal(m, c));
+    cxr_range r2 = range(h2), r1 = range(h);
+    // Every pointer of the copy is in h2, none in h.
+    EXPECT_EQ(cxrtest_Everything_validate(c, &r2, &lim), 0);
+    EXPECT_EQ(cxrtest_Everything_validate(c, &r1, &lim), CXR_EBADPTR);
+    // The ranges of the copy lie in h2 and cover the root.
+    cxr_ranges rs;
+    cxr_ranges_init(&rs);
+    ASSERT_EQ(cxrtest_Everything_ranges(c, &rs), 0);
+    ASSERT_GE(rs.count, 2u);
+    EXPECT_EQ(rs.items[0].p, c);
+    EXPECT_EQ(rs.items[0].len, sizeof *c);
+    for (size_t i = 0; i < rs.count; i++)
+      EXPECT_TRUE(cxr_heap_contains(h2, rs.items[i].p, rs.items[i].len));
+    size_t before = cxr_ranges_bytes(&rs);
+    cxr_ranges_merge(&rs);
+    EXPECT_LE(cxr_ranges_bytes(&rs), before);
+    for (size_t i = 1; i < rs.count; i++)
+      EXPECT_GT((uintptr_t)rs.items[i].p, (uintptr_t)rs.items[i - 1].p + rs.items[i - 1].len);
+    cxr_ranges_free(&rs);
+    cxrtest_Everything_free(h, m);
+    cxrtest_Everything_free(h2, c);
+  }
+}
+
+TEST_F(Msg, RangesAreExact) {
+  cxrtest_Leaf *l = cxrtest_Leaf_new(h);
+  l->has_label = true;
+  cxr_str_setz(h, &l->label, "abc");
+  cxr_ranges rs;
+  cxr_ranges_init(&rs);
+  ASSERT_EQ(cxrtest_Leaf_ranges(l, &rs), 0);
+  ASSERT_EQ(rs.count, 2u);
+  EXPECT_EQ(rs.items[0].p, l);
+  EXPECT_EQ(rs.items[0].len, sizeof *l);
+  EXPECT_EQ(rs.items[1].p, l->label.ptr);
+  EXPECT_EQ(rs.items[1].len, 3u);
+  cxr_ranges_free(&rs);
+  cxrtest_Leaf_free(h, l);
+}
+
+// ---- the validator refuses each class of malformed graph ----
+
+TEST_F(Msg, ValidatorRefusesPointerOutOfRange) {
+  Ev *m = random_ev(7);
+  cxrtest_Leaf outside = {};
+  cxrtest_Leaf *keep = m->must;
+  m->must = &outside;  // private memory of this process
+  EXPECT_EQ(validate(m), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_RANGE);
+  m->must = keep;
+  // A range that ends before the root.
+  cxr_range r = {cxr_heap_base(h), (size_t)((char *)m - (char *)cxr_heap_base(h))};
+  EXPECT_EQ(cxrtest_Everything_validate(m, &r, &lim), CXR_EBADPTR);
+  EXPECT_EQ(validate(m), 0);
+}
+
+TEST_F(Msg, ValidatorRefusesLengthPastTheEnd) {
+  Ev *m = random_ev(8);
+  char *end = (char *)cxr_heap_base(h) + cxr_heap_size(h);
+  m->has_f_string = true;
+  m->f_string.ptr = end - 10;
+  m->f_string.len = 11;
+  EXPECT_EQ(validate(m), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_LENGTH);
+  m->f_string.len = 10;
+  EXPECT_EQ(validate(m), 0);
+  // A huge count that would overflow count * size.
+  m->r_int64.items = (int64_t *)cxr_heap_base(h);
+  m->r_int64.count = UINT64_MAX / 4;
+  EXPECT_EQ(validate(m), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_LENGTH);
+  m->r_int64.count = 0;
+  // Over max_len, though inside the range.
+  lim.max_len = 5;
+  EXPECT_EQ(validate(m), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_LENGTH);
+  cxr_limits_init(&lim);
+  // NULL with a length.
+  m->f_string.ptr = nullptr;
+  EXPECT_EQ(validate(m), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_NULL);
+}
+
+TEST_F(Msg, ValidatorRefusesCyclesAndSharedNodes) {
+  Ev *m = random_ev(9);
+  m->inner = cxrtest_Everything_Inner_new(h);
+  m->inner->child = cxrtest_Everything_Inner_new(h);
+  m->inner->child->child = m->inner;  // a cycle of two
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_CYCLE);
+  m->inner->child->child = m->inner->child;  // a self loop
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_CYCLE);
+  m->inner->child->child = nullptr;
+  EXPECT_EQ(validate(m), 0);
+  // A tree whose link points back at an element of an inline array above it.
+  Tree *t = cxrtest_open_Tree_new(h);
+  CXR_VEC_ALLOC(h, t->children, 3);
+  t->children.items[2].link = &t->children.items[0];
+  m->tree = t;
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_CYCLE);
+  t->children.items[2].link = t;  // back to the root of the tree
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  t->children.items[2].link = nullptr;
+  EXPECT_EQ(validate(m), 0);
+  // Two fields sharing one node (a DAG) is refused too: work stays linear.
+  m->choice_case = 52;
+  m->choice.c_leaf = m->must;
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_CYCLE);
+}
+
+TEST_F(Msg, ValidatorBoundsDepthAndNodes) {
+  Ev *m = random_ev(10);
+  m->inner = cxrtest_Everything_Inner_new(h);
+  cxrtest_Everything_Inner *in = m->inner;
+  for (int i = 0; i < 100; i++) in = in->child = cxrtest_Everything_Inner_new(h);
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_DEPTH);
+  lim.max_depth = 200;
+  EXPECT_EQ(validate(m), 0);
+  lim.max_nodes = 50;
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_NODES);
+  // A 100000-deep chain never recurses past max_depth (no stack overflow).
+  cxr_limits_init(&lim);
+  for (int i = 0; i < 100000; i++) in = in->child = cxrtest_Everything_Inner_new(h);
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_DEPTH);
+}
+
+TEST_F(Msg, ValidatorRefusesMisalignedPointers) {
+  Ev *m = random_ev(11);
+  char *raw = (char *)cxr_heap_alloc(h, sizeof(cxrtest_Leaf) + 16);
+  memset(raw, 0, sizeof(cxrtest_Leaf) + 16);
+  m->must = (cxrtest_Leaf *)(raw + 4);
+  EXPECT_EQ(validate(m), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_ALIGN);
+  m->must = (cxrtest_Leaf *)(raw + 8);
+  EXPECT_EQ(validate(m), 0);
+  m->r_int64.items = (int64_t *)(raw + 2);
+  m->r_int64.count = 1;
+  EXPECT_EQ(validate(m), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_ALIGN);
+}
+
+TEST_F(Msg, ValidatorRefusesBadClosedEnumsBoolsAndOneofs) {
+  Ev *m = random_ev(12);
+  m->has_color = true;
+  m->color = 7;  // Color is closed (proto2): 1, 2, 3 only
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_ENUM);
+  m->has_color = false;  // an absent value is not checked
+  EXPECT_EQ(validate(m), 0);
+  CXR_VEC_ALLOC(h, m->r_color, 2);
+  m->r_color.items[0] = 1;  // items[1] stays 0: not a Color
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_ENUM);
+  m->r_color.items[1] = 3;
+  EXPECT_EQ(validate(m), 0);
+  // Open enums (proto3) take any value.
+  m->tree = cxrtest_open_Tree_new(h);
+  m->tree->kind = 123456;
+  EXPECT_EQ(validate(m), 0);
+  // A bool byte that is neither 0 nor 1.
+  memset(&m->has_f_bool, 2, 1);
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_BOOL);
+  memset(&m->has_f_bool, 0, 1);
+  m->choice_case = 99;
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_ONEOF);
+  m->choice_case = 0;
+  m->must = nullptr;  // required
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_REQUIRED);
+  EXPECT_EQ(cxrtest_Everything_validate(nullptr, nullptr, nullptr), CXR_EINVAL);
+}
+
+TEST_F(Msg, ValidatorSurvivesRandomBytes) {
+  // Random words, a third of them pointers into the block: never a crash, never a read
+  // outside the heap (ASan would see it in private memory; the heap's edges are checked).
+  std::mt19937_64 rng(5);
+  const size_t n = 64 << 10;
+  uint64_t *blk = (uint64_t *)cxr_heap_alloc(h, n);
+  ASSERT_NE(blk, nullptr);
+  int ok = 0;
+  for (int round = 0; round < 300; round++) {
+    for (size_t i = 0; i < n / 8; i++) {
+      uint64_t r = rng();
+      switch (r % 3) {
+        case 0: blk[i] = (uintptr_t)blk + (rng() % n & ~(uint64_t)(rng() % 2 ? 7 : 0)); break;
+        case 1: blk[i] = rng() % 64; break;
+        default: blk[i] = r; break;
+      }
+    }
+    cxr_range r = {blk, n};
+    ok += cxrtest_Everything_validate((const Ev *)blk, &r, &lim) == 0;
+    cxrtest_open_Tree_validate((const Tree *)(blk + 8), &r, &lim);
+  }
+  EXPECT_LT(ok, 300);
+}
+
+TEST_F(Msg, FromProtobufRefusesOutOfDomainClosedEnum) {
+  Cxrtest__Everything pb = CXRTEST__EVERYTHING__INIT;
+  Cxrtest__Leaf must = CXRTEST__LEAF__INIT;
+  pb.name = (char *)"x";
+  pb.must = &must;
+  pb.has_color = 1;
+  pb.color = (Cxrtest__Color)9;
+  Ev *m = nullptr;
+  size_t base = used(h);
+  EXPECT_EQ(cxrtest_Everything_from_pb(h, &pb, &m), CXR_EPROTO);
+  EXPECT_EQ(used(h), base);
+  pb.color = CXRTEST__COLOR__BLUE;
+  ASSERT_EQ(cxrtest_Everything_from_pb(h, &pb, &m), 0);
+  EXPECT_EQ(m->color, cxrtest_Color_BLUE);
+  EXPECT_TRUE(cxr_str_eq(m->name, "x"));
+  cxrtest_Everything_free(h, m);
+  // A string with an embedded NUL cannot become a protobuf-c string.
+  Ev *e = random_ev(3);
+  e->has_f_string = true;
+  cxr_str_set(h, &e->f_string, "a\0b", 3);
+  Cxrtest__Everything *out = nullptr;
+  EXPECT_EQ(cxrtest_Everything_to_pb(e, &out), CXR_EINVAL);
+}
+
+TEST_F(Msg, MethodIdsAreFnv1aOfTheFullName) {
+  EXPECT_EQ(cxr_method_id("a"), 0xe40c292cu);  // the published FNV-1a test vector
+  EXPECT_EQ(cxr_method_id(""), 0x811c9dc5u);
+  EXPECT_EQ(cxrtest_Store_Put_ID, cxr_method_id("cxrtest.Store/Put"));
+  EXPECT_EQ(cxrtest_Store_Walk_ID, cxr_method_id("cxrtest.Store/Walk"));
+  EXPECT_EQ(cxrtest_Admin_Ping_ID, cxr_method_id("cxrtest.Admin/Ping"));
+  EXPECT_NE(cxrtest_Store_Put_ID, cxrtest_Admin_Ping_ID);
+}
+
+TEST(Generated, HeaderCarriesProtoComments) {
+  std::ifstream f("tests/idl/everything.cxr.h");
+  ASSERT_TRUE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  EXPECT_NE(s.find("A closed enum: validators refuse values outside the list"), std::string::npos);
+  EXPECT_NE(s.find("Every scalar type, presence, required"), std::string::npos);
+  EXPECT_NE(s.find("Stores a document."), std::string::npos);
+  EXPECT_NE(s.find("class_;"), std::string::npos);  // keyword escaped
+}
+
+}  // namespace
