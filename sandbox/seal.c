@@ -229,8 +229,10 @@ static int flush_locked(cxr_seal_table *t) {
       int e2 = errno;
       CXR_WARN("release of %#lx+%lu refused: %s", (unsigned long)a, (unsigned long)(e - a),
                strerror(e2));
-      if (!rc) rc = cxr__from_errno(e2);
-      for (unsigned k = i; k < j; k++) t->pend[keep++] = t->pend[k]; /* try again later */
+      if (e2 != ENOMEM) { /* ENOMEM: the pages are no longer mapped, nothing to restore */
+        if (!rc) rc = cxr__from_errno(e2);
+        for (unsigned k = i; k < j; k++) t->pend[keep++] = t->pend[k]; /* try again later */
+      }
     }
     i = j;
   }
