@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The demo (./cxrpc.sh demo): builds and runs each layer's demo in turn, each with its own
+# pod root under a temporary folder, and prints what happened. Layers add a section below.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+# $CXRPC_BAZEL may name another bazel command (e.g. with --output_base).
+read -r -a B <<<"${CXRPC_BAZEL:-bazel}"
+BAZEL=("${B[@]}" build -c opt --color=no --curses=no --noshow_progress --ui_event_filters=-info,-stdout,-stderr)
+work=$(mktemp -d /tmp/cxrpc-demo.XXXX)
+trap 'rm -rf "$work"' EXIT
+# The bazel-bin symlink may belong to another output base: ask bazel.
+BIN=$("${B[@]}" info -c opt bazel-bin 2>/dev/null)
+bin() { echo "$BIN/$1"; }
+
+# ---- shm: two processes share one heap at the same address and exchange a tree ----
+echo "== shared heap: a pointer-rich tree built by one process, walked by another"
+"${BAZEL[@]}" //examples/shared_heap //tools:cxrpcctl
+mkdir -p "$work/shm"
+CXRPC_ROOT="$work/shm" "$(bin examples/shared_heap/shared_heap)" --ctl "$(bin tools/cxrpcctl)"
+echo "-- cxrpcctl heaps after the demo (the last holder removed its heap):"
+CXRPC_ROOT="$work/shm" "$(bin tools/cxrpcctl)" heaps
+echo "-- files left under the pod root: $(ls -A "$work/shm" | wc -l)"
