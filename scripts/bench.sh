@@ -6,3 +6,4 @@ cd "$(dirname "$(readlink -f "$0")")/.."
 BAZEL=(bazel run -c opt --color=no --curses=no --noshow_progress --ui_event_filters=-info,-stdout,-stderr)
 bench() { echo; echo "### $*"; "${BAZEL[@]}" "$@" 2>&1 | grep -vE '^(INFO|Loading|Analyzing|Target|  bazel-bin|WARNING: )' ; }
 # One line per benchmark target (each layer adds its own):
+bench //bench:alloc_bench
