@@ -135,7 +135,8 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
         continue;
       f->err = status;
       f->result = ptr;
-      if (status != 0) CXR__ADD(&ctr->errors, 1);
+      if (status == CXR_ETIMEDOUT) CXR__ADD(&ctr->timeouts, 1); /* expired in the queue */
+      else if (status != 0) CXR__ADD(&ctr->errors, 1);
       __atomic_store_n(&f->state, CXR__F_DONE, __ATOMIC_SEQ_CST);
       fire(f);
       /* Wake threads of ours asleep on the ring: one of them may wait for this call. */

@@ -42,7 +42,8 @@ extern "C" {
 
 /* ---- descriptors and rings ---- */
 
-/* One ring slot: 128 bytes, two cache lines. `seq` is the Vyukov sequence number. */
+/* One ring slot: 128 bytes, two cache lines; a descriptor without inline bytes beyond the
+ * first 8 touches only the first line. `seq` is the Vyukov sequence number. */
 typedef struct cxr__desc {
   uint64_t seq;
   uint64_t call_id;   /* generation << 32 | index in the caller's pending table */

@@ -4,6 +4,7 @@
  * that ring, which is acceptable: only a dead peer does that, and its connection ends.
  * Positions read from shared memory are never used as array indices without the mask from
  * the private view, so a corrupt head or tail cannot send us outside the ring. */
+#include <stddef.h>
 #include <string.h>
 
 #include "rpc/internal.h"
@@ -31,9 +32,11 @@ int cxr__ring_push(const cxr__rview *v, const cxr__desc *in) {
     if (dif == 0) {
       if (__atomic_compare_exchange_n(&v->r->tail, &pos, pos + 1, true, __ATOMIC_RELAXED,
                                       __ATOMIC_RELAXED)) {
-        /* The slot is ours: copy the body, then publish with the sequence number. */
+        /* The slot is ours: copy the body (the first cache line, plus inline bytes if
+         * any: a descriptor without them costs one line), then publish. */
+        size_t extra = (in->flags & CXR_CALL_INLINE) && in->len <= CXR__INLINE_MAX ? in->len : 0;
         memcpy((char *)d + sizeof d->seq, (const char *)in + sizeof in->seq,
-               sizeof *d - sizeof d->seq);
+               offsetof(cxr__desc, data) - sizeof d->seq + extra);
         CXR__ST(&d->seq, pos + 1);
         return 0;
       }
@@ -55,7 +58,10 @@ int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
     if (dif == 0) {
       if (__atomic_compare_exchange_n(&v->r->head, &pos, pos + 1, true, __ATOMIC_RELAXED,
                                       __ATOMIC_RELAXED)) {
-        memcpy(out, d, sizeof *out);
+        memcpy(out, d, offsetof(cxr__desc, data));
+        /* flags and len are re-read from our copy: bounded whatever the peer wrote. */
+        if ((out->flags & CXR_CALL_INLINE) && out->len <= CXR__INLINE_MAX)
+          memcpy(out->data, d->data, out->len);
         CXR__ST(&d->seq, pos + (uint64_t)v->mask + 1);
         return 0;
       }

@@ -1,0 +1,325 @@
+/*
+ * rpc_bench: the rpc layer against its floors, measured in one run on this machine.
+ *   raw floor    two processes bouncing a flag in shared memory (busy polling)
+ *   unix socket  64-byte ping-pong over a socketpair between two processes (blocking)
+ *   rpc          a no-op call round trip (one client thread), calls/s with 1 and 2 client
+ *                threads (a connection each) and with 16 calls in flight, connect time
+ *                (from the ready pool), and the CPU an idle server uses (/proc/PID/stat).
+ * Usage: rpc_bench [seconds per throughput run, default 1]
+ * Heaps live under a fresh CXRPC_ROOT on /dev/shm (tmpfs: emulated CXL memory).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cxrpc/rpc.h>
+
+#define M_NOOP 1
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct stats { double median_us, p99_us; } stats;
+
+static stats summarize(int64_t *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_i64);
+  stats s = {v[n / 2] / 1000.0, v[(int)(n * 0.99)] / 1000.0};
+  return s;
+}
+
+/* ---- raw floor: a flag bounced between two processes ---- */
+static stats raw_floor(int n) {
+  _Atomic uint64_t *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  _Atomic uint64_t *ping = &w[0], *pong = &w[64 / 8];
+  atomic_store(ping, 0);
+  atomic_store(pong, 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (uint64_t i = 1; i <= (uint64_t)n + 1000; i++) {
+      while (atomic_load_explicit(ping, memory_order_acquire) != i) __builtin_ia32_pause();
+      atomic_store_explicit(pong, i, memory_order_release);
+    }
+    _exit(0);
+  }
+  int64_t *lat = malloc(sizeof(int64_t) * (size_t)n);
+  for (uint64_t i = 1; i <= (uint64_t)n + 1000; i++) {
+    int64_t t0 = cxr_now_ns();
+    atomic_store_explicit(ping, i, memory_order_release);
+    while (atomic_load_explicit(pong, memory_order_acquire) != i) __builtin_ia32_pause();
+    if (i > 1000) lat[i - 1001] = cxr_now_ns() - t0;
+  }
+  waitpid(pid, NULL, 0);
+  stats s = summarize(lat, n);
+  free(lat);
+  munmap((void *)w, 4096);
+  return s;
+}
+
+/* ---- unix socket ping-pong ---- */
+static stats unix_pingpong(int n) {
+  int sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  char buf[64] = {0};
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(sv[0]);
+    for (int i = 0; i < n + 100; i++) {
+      size_t got = 0;
+      while (got < sizeof buf) {
+        ssize_t r = read(sv[1], buf + got, sizeof buf - got);
+        if (r <= 0) _exit(1);
+        got += (size_t)r;
+      }
+      if (write(sv[1], buf, sizeof buf) != (ssize_t)sizeof buf) _exit(1);
+    }
+    _exit(0);
+  }
+  close(sv[1]);
+  int64_t *lat = malloc(sizeof(int64_t) * (size_t)n);
+  for (int i = 0; i < n + 100; i++) {
+    int64_t t0 = cxr_now_ns();
+    if (write(sv[0], buf, sizeof buf) != (ssize_t)sizeof buf) break;
+    size_t got = 0;
+    while (got < sizeof buf) {
+      ssize_t r = read(sv[0], buf + got, sizeof buf - got);
+      if (r <= 0) break;
+      got += (size_t)r;
+    }
+    if (i >= 100) lat[i - 100] = cxr_now_ns() - t0;
+  }
+  close(sv[0]);
+  waitpid(pid, NULL, 0);
+  stats s = summarize(lat, n);
+  free(lat);
+  return s;
+}
+
+/* ---- the rpc server process ---- */
+static int noop(cxr_call *c, const void *a, void **r, void *u) {
+  (void)c, (void)a, (void)r, (void)u;
+  return 0;
+}
+
+static int server_main(const char *name, unsigned workers) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  o.workers = workers;
+  o.conn_heap_size = 16u << 20;
+  cxr_channel *ch;
+  int rc = cxr_channel_open(&ch, name, &o);
+  if (rc != 0) {
+    fprintf(stderr, "rpc_bench: channel %s: %s\n", name, cxr_strerror(rc));
+    return 1;
+  }
+  cxr_channel_on(ch, M_NOOP, noop, NULL);
+  if (cxr_channel_start(ch) != 0) return 1;
+  int sig;
+  sigwait(&set, &sig);
+  cxr_channel_close(ch);
+  return 0;
+}
+
+static pid_t start_server(const char *name, unsigned workers) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    char w[16];
+    snprintf(w, sizeof w, "%u", workers);
+    execl("/proc/self/exe", "rpc_bench", "--server", name, w, (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+static cxr_conn *connect_retry(const char *name) {
+  cxr_conn *c = NULL;
+  for (int i = 0; i < 5000; i++) {
+    if (cxr_connect(&c, name, NULL) == 0) return c;
+    usleep(1000);
+  }
+  return NULL;
+}
+
+static stats rpc_rtt(cxr_conn *c, int n) {
+  int64_t *lat = malloc(sizeof(int64_t) * (size_t)n);
+  for (int i = 0; i < 2000; i++) cxr_conn_call(c, M_NOOP, NULL, NULL, NULL);
+  int errors = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t t0 = cxr_now_ns();
+    if (cxr_conn_call(c, M_NOOP, NULL, NULL, NULL) != 0) errors++;
+    lat[i] = cxr_now_ns() - t0;
+  }
+  if (errors) fprintf(stderr, "rpc_bench: %d failed calls\n", errors);
+  stats s = summarize(lat, n);
+  free(lat);
+  return s;
+}
+
+typedef struct tput_arg {
+  const char *name;
+  double seconds;
+  int depth;
+  uint64_t calls;
+  _Atomic int *go;
+} tput_arg;
+
+static void *tput_thread(void *p) {
+  tput_arg *a = p;
+  cxr_conn *c = connect_retry(a->name);
+  if (c == NULL) return NULL;
+  while (!atomic_load(a->go)) sched_yield();
+  int64_t end = cxr_now_ns() + (int64_t)(a->seconds * 1e9);
+  uint64_t n = 0;
+  while (cxr_now_ns() < end) {
+    if (a->depth <= 1) {
+      for (int i = 0; i < 64; i++) n += cxr_conn_call(c, M_NOOP, NULL, NULL, NULL) == 0;
+    } else {
+      cxr_future *f[64];
+      int k = 0;
+      for (int i = 0; i < a->depth && i < 64; i++)
+        if (cxr_conn_call_async(c, M_NOOP, NULL, &f[k], NULL) == 0) k++;
+      for (int i = 0; i < k; i++) {
+        n += cxr_future_wait(f[i], 0, NULL) == 0;
+        cxr_future_free(f[i]);
+      }
+    }
+  }
+  a->calls = n;
+  cxr_conn_close(c);
+  return NULL;
+}
+
+static double throughput(const char *name, int threads, int depth, double seconds) {
+  pthread_t t[8];
+  tput_arg a[8];
+  _Atomic int go = 0;
+  for (int i = 0; i < threads; i++) {
+    a[i] = (tput_arg){name, seconds, depth, 0, &go};
+    pthread_create(&t[i], NULL, tput_thread, &a[i]);
+  }
+  usleep(20000);
+  int64_t t0 = cxr_now_ns();
+  atomic_store(&go, 1);
+  uint64_t total = 0;
+  for (int i = 0; i < threads; i++) {
+    pthread_join(t[i], NULL);
+    total += a[i].calls;
+  }
+  return (double)total / ((cxr_now_ns() - t0) / 1e9);
+}
+
+static stats connect_time(const char *name, int n, stats *close_s) {
+  int64_t *lat = malloc(sizeof(int64_t) * (size_t)n), *cl = malloc(sizeof(int64_t) * (size_t)n);
+  cxr_conn *warm = connect_retry(name); /* keeps the control heap mapped, as an app would */
+  for (int i = 0; i < n; i++) {
+    cxr_conn *c;
+    int64_t t0 = cxr_now_ns();
+    int rc = cxr_connect(&c, name, NULL);
+    lat[i] = cxr_now_ns() - t0;
+    if (rc != 0) {
+      fprintf(stderr, "rpc_bench: connect: %s\n", cxr_strerror(rc));
+      lat[i] = cl[i] = 0;
+      continue;
+    }
+    t0 = cxr_now_ns();
+    cxr_conn_close(c);
+    cl[i] = cxr_now_ns() - t0;
+    usleep(2000); /* let the server put the slot back in the ready pool */
+  }
+  cxr_conn_close(warm);
+  stats s = summarize(lat, n);
+  *close_s = summarize(cl, n);
+  free(lat);
+  free(cl);
+  return s;
+}
+
+static double cpu_seconds(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  unsigned long ut = 0, st = 0;
+  if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "--server") == 0) return server_main(argv[2], (unsigned)atoi(argv[3]));
+  double secs = argc > 1 ? atof(argv[1]) : 1.0;
+  if (secs <= 0) secs = 1.0;
+  char root[] = "/dev/shm/cxrpc-bench-XXXXXX";
+  if (mkdtemp(root) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  setenv("CXRPC_ROOT", root, 1);
+  const int n = 200000;
+  stats raw = raw_floor(n);
+  stats uds = unix_pingpong(50000);
+
+  char name[32];
+  snprintf(name, sizeof name, "bench%d", (int)getpid());
+  pid_t srv = start_server(name, 1);
+  cxr_conn *c = connect_retry(name);
+  if (c == NULL) {
+    fprintf(stderr, "rpc_bench: cannot connect to the server\n");
+    kill(srv, SIGKILL);
+    return 1;
+  }
+  stats rtt = rpc_rtt(c, n);
+  double t1 = throughput(name, 1, 1, secs);
+  double t2 = throughput(name, 2, 1, secs);
+  double t16 = throughput(name, 1, 16, secs);
+  stats cl, con = connect_time(name, 500, &cl);
+  /* Idle: a client stays connected, nobody calls. */
+  usleep(300000);
+  double cpu0 = cpu_seconds(srv);
+  int64_t w0 = cxr_now_ns();
+  sleep(3);
+  double idle_pct = (cpu_seconds(srv) - cpu0) / ((cxr_now_ns() - w0) / 1e9) * 100.0;
+  cxr_conn_close(c);
+  kill(srv, SIGTERM);
+  waitpid(srv, NULL, 0);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+  if (system(cmd) != 0) fprintf(stderr, "rpc_bench: could not remove %s\n", root);
+
+  printf("rpc_bench: %ld CPUs, heaps on tmpfs (%s), server with 1 worker\n",
+         sysconf(_SC_NPROCESSORS_ONLN), root);
+  printf("%-44s %12s %12s %10s\n", "round trip", "median us", "p99 us", "x floor");
+  printf("%-44s %12.3f %12.3f %10.2f\n", "raw floor: flag ping-pong in shared memory", raw.median_us,
+         raw.p99_us, 1.0);
+  printf("%-44s %12.3f %12.3f %10.2f\n", "unix socket ping-pong, 64 B", uds.median_us, uds.p99_us,
+         uds.median_us / raw.median_us);
+  printf("%-44s %12.3f %12.3f %10.2f\n", "cxrpc no-op call, 1 client thread", rtt.median_us,
+         rtt.p99_us, rtt.median_us / raw.median_us);
+  printf("%-44s %12.3f %12.3f\n", "cxrpc connect (from the ready pool)", con.median_us, con.p99_us);
+  printf("%-44s %12.3f %12.3f\n", "cxrpc close", cl.median_us, cl.p99_us);
+  printf("%-44s %12s\n", "throughput", "calls/s");
+  printf("%-44s %12.0f\n", "cxrpc no-op, 1 client thread", t1);
+  printf("%-44s %12.0f\n", "cxrpc no-op, 2 client threads", t2);
+  printf("%-44s %12.0f\n", "cxrpc no-op, 1 thread, 16 in flight", t16);
+  printf("%-44s %11.2f%%\n", "idle server CPU (3 s, 1 client connected)", idle_pct);
+  printf("unix socket vs cxrpc round trip: %.1fx\n", uds.median_us / rtt.median_us);
+  return 0;
+}
