@@ -112,6 +112,8 @@ struct cxr_rdma {
   bool thread_started;
   atomic_bool stop;
   atomic_int waiters;
+  void (*tick)(void *);
+  void *tick_user;
   int64_t spin_ns;
   unsigned pool_target;
 
@@ -142,6 +144,7 @@ typedef struct rdma_op {
   ucs_status_t status;
   uint64_t value;     /* atomics: compare/swap operand in, old value out */
   void *hdr_copy;     /* freed with the op */
+  void *owned;        /* caller's buffer handed over with the send, freed with the op */
 } rdma_op;
 rdma_op *cxr__op_new(void);
 void cxr__op_cb(void *request, ucs_status_t status, void *user_data);
@@ -152,6 +155,16 @@ void cxr__wake(cxr_rdma *r);
 int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
                  size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline_ns,
                  bool wait);
+/* Same, and `owned` (malloc'd; may hold iov and the data it points to) is freed once UCX
+ * no longer needs it, even when the wait gives up at the deadline. */
+int cxr__am_send_owned(cxr_rdma *r, ucp_ep_h uep, unsigned id, const void *hdr, size_t hlen,
+                       const struct iovec *iov, size_t niov, void *owned, int64_t deadline_ns);
+/* fn(user) runs on the progress thread at least every 20 ms (deadline sweeps). */
+void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user);
+/* Progresses the worker on the calling thread (a waiter); returns events handled. */
+unsigned cxr__rdma_progress(cxr_rdma *r);
+void cxr__rdma_waiter(cxr_rdma *r, int delta);
+ucp_ep_h cxr__rdma_ep_uep(cxr_rdma_ep *ep);
 int cxr__am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user, int flags);
 
 /* ep.c */

@@ -66,6 +66,7 @@ static void op_finish(rdma_op *op, ucs_status_t status) {
   if (!atomic_compare_exchange_strong(&op->state, &expect, 1)) {
     /* The waiter gave up: the op is ours to free. */
     free(op->hdr_copy);
+    free(op->owned);
     free(op);
   }
 }
@@ -80,11 +81,13 @@ static void cpu_relax(void) { __asm__ __volatile__("pause" ::: "memory"); }
 int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline) {
   if (p == NULL) {  /* completed in place */
     free(op->hdr_copy);
+    free(op->owned);
     free(op);
     return 0;
   }
   if (UCS_PTR_IS_ERR(p)) {
     free(op->hdr_copy);
+    free(op->owned);
     free(op);
     return cxr__rdma_status(UCS_PTR_STATUS(p));
   }
@@ -108,8 +111,20 @@ int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline)
   if (atomic_compare_exchange_strong(&op->state, &expect, 2)) return CXR_ETIMEDOUT;
   int rc = cxr__rdma_status(op->status);
   free(op->hdr_copy);
+  free(op->owned);
   free(op);
   return rc;
+}
+
+unsigned cxr__rdma_progress(cxr_rdma *r) { return ucp_worker_progress(r->worker); }
+void cxr__rdma_waiter(cxr_rdma *r, int delta) { atomic_fetch_add(&r->waiters, delta); }
+ucp_ep_h cxr__rdma_ep_uep(cxr_rdma_ep *ep) { return ep->uep; }
+
+void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user) {
+  pthread_mutex_lock(&r->lock);
+  r->tick_user = user;
+  r->tick = fn;
+  pthread_mutex_unlock(&r->lock);
 }
 
 /* ---- deferred work and messages, run by the progress thread ---- */
@@ -296,17 +311,25 @@ void cxr_rdma_msg_keep(cxr_rdma_msg *m) {
 
 /* ---- sending ---- */
 
-int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
-                 size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline,
-                 bool wait) {
-  if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && iov == NULL)) return CXR_EINVAL;
+static int am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
+                   size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline,
+                   bool wait, void *owned) {
+  if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && iov == NULL) || uep == NULL) {
+    free(owned);
+    return uep == NULL ? CXR_ENOTCONN : CXR_EINVAL;
+  }
   rdma_op *op = cxr__op_new();
-  if (op == NULL) return CXR_ENOMEM;
+  if (op == NULL) {
+    free(owned);
+    return CXR_ENOMEM;
+  }
+  op->owned = owned;
   /* The header is copied so that a send abandoned at its deadline never reads a dead
    * stack frame; UCX keeps pointing at it until the send completes. */
   if (hlen) {
     op->hdr_copy = malloc(hlen);
     if (op->hdr_copy == NULL) {
+      free(op->owned);
       free(op);
       return CXR_ENOMEM;
     }
@@ -333,17 +356,31 @@ int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const v
   if (!wait) {
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
       free(op->hdr_copy);
+      free(op->owned);
       free(op);
       return sp == NULL ? 0 : cxr__rdma_status(UCS_PTR_STATUS(sp));
     }
     int expect = 0;  /* hand the op to its callback */
     if (!atomic_compare_exchange_strong(&op->state, &expect, 2)) {
       free(op->hdr_copy);
+      free(op->owned);
       free(op);
     }
     return 0;
   }
   return cxr__op_wait(r, sp, op, deadline);
+}
+
+int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
+                 size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline,
+                 bool wait) {
+  return am_send(r, uep, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL);
+}
+
+int cxr__am_send_owned(cxr_rdma *r, ucp_ep_h uep, unsigned id, const void *hdr, size_t hlen,
+                       const struct iovec *iov, size_t niov, void *owned, int64_t deadline) {
+  return am_send(r, uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, deadline, true,
+                 owned);
 }
 
 int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
@@ -376,11 +413,21 @@ int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
 
 static void *progress_main(void *arg) {
   cxr_rdma *r = arg;
-  int64_t last = cxr_now_ns();
+  int64_t last = cxr_now_ns(), last_tick = last;
+  bool has_tick = false;
   while (!atomic_load(&r->stop)) {
     unsigned n = ucp_worker_progress(r->worker);
     n += run_queued(r);
     int64_t now = cxr_now_ns();
+    if (now - last_tick > 10000000) {
+      last_tick = now;
+      pthread_mutex_lock(&r->lock);
+      void (*tick)(void *) = r->tick;
+      void *tu = r->tick_user;
+      pthread_mutex_unlock(&r->lock);
+      has_tick = tick != NULL;
+      if (tick) tick(tu);
+    }
     if (n) {
       last = now;
       continue;
@@ -402,7 +449,7 @@ static void *progress_main(void *arg) {
     pthread_mutex_unlock(&r->lock);
     if (queued) continue;
     struct pollfd pfd = {.fd = r->efd, .events = POLLIN};
-    poll(&pfd, 1, 100);
+    poll(&pfd, 1, has_tick ? 20 : 100);
     last = cxr_now_ns();
   }
   return NULL;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "rpc/client.h"
+#include "rpc/remote.h"
 #include "shm/log.h"
 
 /* ---- the pending table ---- */
@@ -234,6 +235,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
                         const cxr_call_opts *o) {
   if (out == NULL) return CXR_EINVAL;
   *out = NULL;
+  if (c != NULL && c->remote) return cxr__remote_call_async(c, method, args, out, o);
   if (c == NULL || c->tab == NULL) return CXR_EINVAL;
   cxr_call_opts def;
   if (o == NULL) {
@@ -299,6 +301,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
 
 int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
                   const cxr_call_opts *o) {
+  if (c != NULL && c->remote) return cxr__remote_call(c, method, args, result, o);
   if (result != NULL) *result = NULL;
   cxr_future *f;
   int rc = cxr_conn_call_async(c, method, args, &f, o);
@@ -317,6 +320,7 @@ int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
 
 int cxr_future_poll(cxr_future *f, void **result) {
   if (f == NULL || f->c == NULL) return CXR_EINVAL;
+  if (f->c->remote) return cxr__remote_future_poll(f, result);
   if (result) *result = NULL;
   cxr_conn *c = f->c;
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
@@ -342,6 +346,7 @@ int cxr_future_poll(cxr_future *f, void **result) {
 
 int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
   if (f == NULL || f->c == NULL || timeout_ns < 0) return CXR_EINVAL;
+  if (f->c->remote) return cxr__remote_future_wait(f, timeout_ns, result);
   if (result) *result = NULL;
   int64_t until = timeout_ns == 0 ? INT64_MAX : cxr_now_ns() + timeout_ns;
   if (until < 0) until = INT64_MAX;
@@ -355,6 +360,7 @@ int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
 
 int cxr_future_cancel(cxr_future *f) {
   if (f == NULL || f->c == NULL) return CXR_EINVAL;
+  if (f->c->remote) return cxr__remote_future_cancel(f);
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
   if (expire(f, CXR_ECANCELED)) {
@@ -366,6 +372,10 @@ int cxr_future_cancel(cxr_future *f) {
 
 void cxr_future_free(cxr_future *f) {
   if (f == NULL || f->c == NULL) return;
+  if (f->c->remote) {
+    cxr__remote_future_free(f);
+    return;
+  }
   for (;;) {
     uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
     switch (s) {
@@ -458,6 +468,7 @@ static void *completion_main(void *arg) {
 
 int cxr_future_then(cxr_future *f, void (*cb)(int err, void *result, void *user), void *user) {
   if (f == NULL || f->c == NULL || cb == NULL) return CXR_EINVAL;
+  if (f->c->remote) return cxr__remote_future_then(f, cb, user);
   cxr_conn *c = f->c;
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rpc/remote.h"
 #include "rpc/server.h"
 #include "shm/log.h"
 
@@ -358,7 +359,7 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
       (o.mode & ~0777u) != 0 || o.peer_timeout_ns < 0 ||
       o.conn_heap_size < 2 * cxr__conn_block_size(o.ring_slots))
     return CXR_EINVAL;
-  if (o.listen != NULL) return CXR_ENOSYS; /* seam: the rdma layer accepts other racks */
+  if (o.listen != NULL && strncmp(o.listen, "ucx://", 6) != 0) return CXR_EINVAL;
   int rc = cxr_init(NULL);
   if (rc != 0 && rc != CXR_EBUSY) return rc;
 
@@ -417,6 +418,7 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
   refill(ch);
   CXR__ST(&cb->state, CXR__CHAN_OPEN);
   if ((rc = cxr_heap_set_root(ch->ctl, cb)) != 0) goto fail;
+  if (opts && opts->listen && (rc = cxr__remote_listen(ch, opts->listen)) != 0) goto fail;
   *out = ch;
   return 0;
 fail:
@@ -517,6 +519,7 @@ void cxr_channel_stop(cxr_channel *ch) {
 
 void cxr_channel_close(cxr_channel *ch) {
   if (ch == NULL) return;
+  cxr__remote_stop(ch);
   if (ch->cb != NULL) {
     cxr_channel_stop(ch);
     /* Wait for a serve() running on another thread to return. */

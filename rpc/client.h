@@ -72,6 +72,7 @@ struct cxr_conn {
   int cstop;             /* atomic */
   unsigned armed;        /* atomic: callbacks waiting for a pending call */
   struct cxr_future *qhead, *qtail;
+  struct cxr__rconn *remote;  /* set for "ucx://" connections (rpc/remote.c) */
 };
 
 /* call.c */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "rpc/client.h"
+#include "rpc/remote.h"
 #include "shm/log.h"
 
 void cxr_conn_opts_init(cxr_conn_opts *o) {
@@ -223,7 +224,7 @@ int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
   if (o.default_deadline_ns < 0 || o.connect_timeout_ns < 0 || o.peer_timeout_ns < 0) return CXR_EINVAL;
   int t = cxr__transport_for(target);
   if (t < 0) return t;
-  if (t == CXR__TRANSPORT_UCX) return CXR_ENOSYS; /* seam: the rdma layer connects here */
+  if (t == CXR__TRANSPORT_UCX) return cxr__remote_connect(out, target, &o);
   cxr_conn *c = calloc(1, sizeof *c);
   if (c == NULL) return CXR_ENOMEM;
   c->transport = t;
@@ -283,6 +284,10 @@ int cxr__conn_check(cxr_conn *c, bool force) {
 
 void cxr_conn_close(cxr_conn *c) {
   if (c == NULL) return;
+  if (c->remote) {
+    cxr__remote_close(c);
+    return;
+  }
   cxr__conn_stop_completion(c);
   cxr__conn_fail_all(c, CXR_ECLOSED);
   if (c->slot != NULL) release_slot(c->cb, c->index, c->pid, c->gen);

@@ -1,5 +1,6 @@
 /* The one place a validated call meets its handler. The sandbox layer wraps this (seal
  * check, memory domain, fault containment) without touching the rest of rpc/. */
+#include "rpc/remote.h"
 #include "rpc/server.h"
 #include "shm/log.h"
 
@@ -21,6 +22,7 @@ cxr_heap *cxr_call_heap(cxr_call *call) {
 
 cxr_range cxr_call_arg_range(cxr_call *call) {
   cxr_range r = {NULL, 0};
+  if (call != NULL && call->remote) return cxr__remote_arg_range(call);
   if (call == NULL || call->sc == NULL) return r;
   r.p = cxr_heap_base(call->sc->heap);
   r.len = cxr_heap_size(call->sc->heap);
@@ -29,11 +31,13 @@ cxr_range cxr_call_arg_range(cxr_call *call) {
 
 int cxr_call_set_result_ranges(cxr_call *call, const cxr_range *r, size_t n) {
   if (call == NULL || (r == NULL && n != 0)) return CXR_EINVAL;
+  if (call->remote) return cxr__remote_set_result_ranges(call, r, n);
   return 0; /* in the pod the client maps the same heap: nothing to ship */
 }
 
 int cxr_call_peer(cxr_call *call, cxr_peer *out) {
   if (call == NULL || out == NULL || call->sc == NULL) return CXR_EINVAL;
+  if (call->remote) return cxr__remote_peer(call, out);
   out->pid = (int)cxr__owner_pid(CXR__LD(&call->sc->slot->owner));
   out->uid = CXR__LD(&call->sc->slot->client_uid);
   out->host[0] = '\0';

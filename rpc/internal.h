@@ -210,6 +210,7 @@ struct cxr_call {
   int64_t deadline;
   const void *args;
   size_t arg_len;
+  struct cxr__rcall *remote;  /* set for calls from another rack (rpc/remote.c) */
 };
 
 /* Runs the handler for a validated call (the one place a sandbox wrapper goes). */

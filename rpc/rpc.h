@@ -107,6 +107,10 @@ int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
 int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_future **f,
                         const cxr_call_opts *o);
 void cxr_conn_close(cxr_conn *c);
+/* Gives a call's result back when done with it. In the pod this is cxr_heap_free on the
+ * connection heap; for a remote ("ucx://") connection the result lives in the server's heap
+ * (replicated here at the same address) and this returns its blocks to the server. */
+void cxr_conn_free(cxr_conn *c, void *result);
 
 /* ---- futures ---- */
 int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result); /* call's code */

@@ -48,6 +48,7 @@ struct cxr_channel {
   pthread_t *threads;        /* workers (and the manager last) */
   unsigned nthreads;
   pthread_mutex_t lock;      /* serialises start/stop/close */
+  struct cxr__rlisten *remote; /* listener for other racks (rpc/remote.c), or NULL */
 };
 
 /* serve.c */
