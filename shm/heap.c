@@ -238,6 +238,7 @@ static int handle_new(cxr__map *m, cxr_heap **out) {
   h->epoch = cxr__fork_epoch;
   int rc = cxr__heap_lock(h);
   if (rc == 0) {
+    cxr__heap_reap_locked(h); /* dead holders are recovered whenever someone joins */
     rc = slot_take(h);
     cxr__heap_unlock(h);
   }

@@ -46,13 +46,18 @@ int cxr__ctl_heaps(int argc, char **argv, FILE *out) {
     return 1;
   }
   if (reap) {
+    /* Joining a heap recovers its dead holders (and cxr_heap_reap any left). */
     for (size_t i = 0; i < n && i < MAX_HEAPS; i++) {
-      if (info[i].dead_holders == 0) continue;
+      if (info[i].dead_holders == 0 || !info[i].name[0]) continue;
       cxr_heap *h;
-      if (cxr_heap_open(&h, info[i].name) != 0) continue;
-      int k = cxr_heap_reap(h);
-      fprintf(out, "reaped %d dead holder(s) of %s\n", k, info[i].name);
+      rc = cxr_heap_open(&h, info[i].name);
+      if (rc) {
+        fprintf(out, "cannot reap %s: %s\n", info[i].name, cxr_strerror(rc));
+        continue;
+      }
+      cxr_heap_reap(h);
       cxr_heap_close(h);
+      fprintf(out, "reaped %u dead holder(s) of %s\n", info[i].dead_holders, info[i].name);
     }
     rc = cxr_registry_list(info, MAX_HEAPS, &n);
     if (rc) n = 0;

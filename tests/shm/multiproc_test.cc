@@ -387,3 +387,40 @@ TEST(MultiProc, ConcurrentCreatorsGetDisjointRangesAndOneWinsAName) {
   }
   EXPECT_TRUE(list_dir(g_root).empty());
 }
+
+// A child that uses a handle inherited over fork gets a lease of its own on first use, so
+// its allocations are its own (and come back when it dies), not its parent's.
+TEST(MultiProc, InheritedHandleTakesItsOwnLease) {
+  std::string name = uniq("inherit");
+  cxr_heap *h = nullptr;
+  cxr_heap_opts o;
+  cxr_heap_opts_init(&o);
+  o.remove_on_last_close = true;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, &o), 0);
+  void *mine = cxr_heap_alloc(h, 48);  // also fills this thread's cache
+  ASSERT_NE(mine, nullptr);
+  cxr_heap_stats st0;
+  cxr_heap_stats(h, &st0);
+  pid_t pid = spawn([&]() -> int {
+    void *p = cxr_heap_alloc(h, 48);
+    if (!p || p == mine) return 10;
+    cxr_heap_stats st;
+    if (cxr_heap_stats(h, &st) != 0 || st.holders != 2) return 11;
+    cxr_heap_free(h, mine);  // freeing the parent's block is allowed
+    if (!cxr_heap_alloc(h, 5000)) return 12;
+    kill(getpid(), SIGKILL);
+    return 0;
+  });
+  EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
+  EXPECT_EQ(cxr_heap_reap(h), 1);
+  cxr_heap_stats st;
+  cxr_heap_stats(h, &st);
+  EXPECT_EQ(st.holders, 1u);
+  EXPECT_EQ(st.used, st0.used - 48);  // the child's blocks came back, and `mine` was freed
+  // The parent's cache is untouched by the child's death.
+  void *q = cxr_heap_alloc(h, 48);
+  EXPECT_NE(q, nullptr);
+  cxr_heap_free(h, q);
+  cxr_heap_close(h);
+  EXPECT_TRUE(list_dir(g_root).empty());
+}
