@@ -107,7 +107,16 @@ int cxr_sandbox_run(int (*fn)(void *arg), void *arg) {
   frame f;
   f.prev = cur;
   f.pkru = cxr__domain_enter();
-  if (sigsetjmp(f.jb, 0)) return CXR_EBADPTR; /* on_fault restored cur and the rights */
+  if (sigsetjmp(f.jb, 0)) {
+    /* on_fault restored cur and the rights. A sanitizer's signal wrapper may have blocked
+     * the signal around our handler (ignoring SA_NODEFER) and never got to unblock it. */
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGSEGV);
+    sigaddset(&s, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+    return CXR_EBADPTR;
+  }
   cur = &f;
   atomic_signal_fence(memory_order_seq_cst);
   int rc = fn(arg);
