@@ -324,6 +324,13 @@ static unsigned central_pop(cxr_heap *h, unsigned c, cxr__blk **out, unsigned wa
         break;
       }
       cxr__blk *b = blk_at(hdr, off);
+      if (LD(b->tag) != cxr__tag(CXR_BLK_FREE, c, 0, 0)) {
+        /* A free list must only hold FREE blocks of its class: never hand out a block
+         * that is in use because shared metadata was damaged. */
+        CXR_ERR("heap %s: free list of class %u holds a block in use; rebuilding", hdr->name, c);
+        cxr__heap_rebuild(hdr, NULL);
+        break;
+      }
       ST(b->tag, cxr__tag(CXR_BLK_CACHED, c, h->slot, h->gen));
       hdr->central[c] = LD(b->next);
       out[got++] = b;

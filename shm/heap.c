@@ -5,6 +5,7 @@
  *
  * Lock order: runtime mutex -> registry flock -> heap mutex.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -18,6 +19,8 @@
 #include "shm/internal.h"
 #include "shm/proc.h"
 #include "shm/registry.h"
+
+unsigned cxr__rt_pod(void);
 
 /* Bounded copy that always terminates (names and paths were length-checked before). */
 static void copy_str(char *dst, size_t cap, const char *src) {
@@ -295,8 +298,34 @@ static bool is_device(const char *path) {
   return stat(path, &st) == 0 && !S_ISREG(st.st_mode);
 }
 
+/* Heap files in the root that no entry names: left by a creator that died between
+ * creating the file and registering it. Safe under the registry lock (creation holds it). */
+static void sweep_strays(cxr__reg *r) {
+  const char *root = cxr_root();
+  DIR *d = root ? opendir(root) : NULL;
+  if (d == NULL) return;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    size_t len = strlen(de->d_name);
+    bool heap = len > 5 && strcmp(de->d_name + len - 5, ".heap") == 0;
+    bool unl = len > 9 && de->d_name[0] == '.' && strcmp(de->d_name + len - 9, ".unlinked") == 0;
+    if (!heap && !unl) continue;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", root, de->d_name);
+    bool named = false;
+    for (unsigned i = 0; i < CXR_REG_ENTRIES && !named; i++)
+      named = r->f->e[i].used && strcmp(r->f->e[i].path, path) == 0;
+    if (!named) {
+      CXR_INFO("removing stray heap file %s", path);
+      unlink(path);
+    }
+  }
+  closedir(d);
+}
+
 /* Removes entries (and files) of heaps marked for removal that no live process holds. */
 static void sweep(cxr__reg *r, cxr__reg_entry *only) {
+  if (only == NULL) sweep_strays(r);
   for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
     cxr__reg_entry *e = &r->f->e[i];
     if (!e->used || (only && e != only)) continue;
@@ -439,7 +468,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
   e->size = size;
   e->generation = tmp.generation;
   e->flags = flags;
-  e->pod = 0;
+  e->pod = cxr__rt_pod();
   e->used = 1;
   *out = h;
   m = NULL;

@@ -250,3 +250,20 @@ TEST(Heap, TwoProcessesFollowEachOthersPointers) {
   // Last holder gone: nothing left under the root.
   EXPECT_TRUE(list_dir(g_root).empty()) << list_dir(g_root).size();
 }
+
+// A heap file no registry entry names (its creator died before registering it) is removed
+// by the next registry sweep.
+TEST(Heap, StrayHeapFilesAreRemoved) {
+  std::string stray = g_root + "/" + uniq("stray") + ".heap";
+  FILE *f = fopen(stray.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("half-made", f);
+  fclose(f);
+  cxr_heap *h = nullptr;
+  std::string name = uniq("after-stray");
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, nullptr), 0);
+  EXPECT_NE(access(stray.c_str(), F_OK), 0);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  EXPECT_TRUE(list_dir(g_root).empty());
+}
