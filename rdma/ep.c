@@ -490,6 +490,10 @@ static void err_job(void *arg) {
   bool live = false;
   for (cxr_rdma_ep *e = r->eps; e; e = e->next) live |= e == ep;
   bool drop = live && (ep->server_side || ep->pooled || ep->closing);
+  if (drop && ep->server_side && ep->refs > 0) {
+    ep->zombie = true;  /* a queued message still refers to it: the last one closes it */
+    drop = false;
+  }
   if (drop && ep->pooled) {
     for (rdma_host *h = r->hosts; h; h = h->next)
       for (unsigned i = 0; i < h->npool; i++)
@@ -526,6 +530,24 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
   a->r = r;
   a->ep = ep;
   if (cxr_rdma_defer(r, err_job, a) != 0) free(a);
+}
+
+cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep) {
+  cxr_rdma_ep *found = NULL;
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_ep *e = r->eps; e && !found; e = e->next)
+    if (e->server_side && e->uep == uep) found = e;
+  if (found) found->refs++;
+  pthread_mutex_unlock(&r->lock);
+  return found;
+}
+
+void cxr__ep_drop(cxr_rdma_ep *ep) {
+  cxr_rdma *r = ep->r;
+  pthread_mutex_lock(&r->lock);
+  bool close = --ep->refs == 0 && ep->zombie;
+  pthread_mutex_unlock(&r->lock);
+  if (close) cxr_rdma_ep_close(ep);
 }
 
 int cxr_rdma_ep_status(const cxr_rdma_ep *ep) {

@@ -24,6 +24,7 @@ struct cxr_rdma_msg {
   size_t dlen;
   bool kept;
   bool owned;         /* hdr/data are our malloc'd copies */
+  cxr_rdma_ep *ref;   /* our accepted endpoint it came on (held open), or NULL */
   struct cxr_rdma_msg *next;
 };
 
@@ -73,6 +74,8 @@ struct cxr_rdma_ep {
   bool server_side;     /* accepted by our listener */
   bool pooled;          /* sitting in a host's pool, not handed out */
   bool closing;
+  int refs;             /* messages still holding it (server side; under r->lock) */
+  bool zombie;          /* failed while held: closed when the last message goes */
   void (*on_err)(cxr_rdma_ep *, int, void *);
   void *on_err_user;
   cxr_rdma_rkey *rkeys; /* protected by r->lock */
@@ -174,6 +177,9 @@ void cxr__hello_reply(cxr_rdma_msg *m, void *user);
 void cxr__conn_cb(ucp_conn_request_h req, void *arg);
 void cxr__eps_close_all(cxr_rdma *r);
 void cxr__ep_force_close(cxr_rdma_ep *ep);
+/* The accepted endpoint behind a reply endpoint, with a reference (NULL if none). */
+cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep);
+void cxr__ep_drop(cxr_rdma_ep *ep);
 
 /* mem.c */
 int cxr__pin_init(cxr_rdma *r, const cxr_rdma_opts *o);

@@ -156,6 +156,7 @@ static void msg_enqueue(cxr_rdma *r, cxr_rdma_msg *m) {
 
 void cxr_rdma_msg_free(cxr_rdma_msg *m) {
   if (m == NULL) return;
+  if (m->ref) cxr__ep_drop(m->ref);
   if (m->owned) {
     free(m->hdr);
     free(m->data);
@@ -190,6 +191,20 @@ static unsigned run_queued(cxr_rdma *r) {
     n++;
   }
   return n;
+}
+
+static void drop_messages(cxr_rdma *r) {
+  for (;;) {
+    pthread_mutex_lock(&r->lock);
+    cxr_rdma_msg *m = r->mq_head;
+    if (m) {
+      r->mq_head = m->next;
+      if (!r->mq_head) r->mq_tail = NULL;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (m == NULL) break;
+    cxr_rdma_msg_free(m);
+  }
 }
 
 /* ---- receiving active messages ---- */
@@ -233,6 +248,8 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   m->id = s->id;
   m->owned = true;
   m->reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+  /* Keep an accepted endpoint open while the message may still answer on it. */
+  if (m->reply_ep) m->ref = cxr__ep_hold(r, m->reply_ep);
   m->hlen = header_length;
   m->hdr = copy16(header, header_length);
   if (m->hdr == NULL) goto drop;
@@ -405,6 +422,7 @@ int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                    const struct iovec *iov, size_t niov, int64_t deadline_ns) {
   if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) return CXR_EINVAL;
   if (m->reply_ep == NULL) return CXR_ENOTCONN;
+  if (m->ref && atomic_load(&m->ref->status)) return atomic_load(&m->ref->status);
   return cxr__am_send(m->r, m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
                       cxr__deadline(deadline_ns), true);
 }
@@ -571,6 +589,7 @@ void cxr_rdma_close(cxr_rdma *r) {
     pthread_mutex_lock(&r->lock);
     for (rdma_host *h = r->hosts; h; h = h->next) h->valid = false;
     pthread_mutex_unlock(&r->lock);
+    drop_messages(r);  /* nobody serves them now; they hold endpoints */
     run_queued(r);
     cxr__eps_close_all(r);
     run_queued(r);

@@ -1,0 +1,286 @@
+/* A real process for the cross-rack tests, on the public API only.
+ *   remote_peer server NAME LISTEN   opens channel NAME (also listening on LISTEN, e.g.
+ *       "ucx://10.77.0.1:7400"), serves, prints "READY", runs until stdin reaches EOF.
+ *   remote_peer client TARGET        prints "READY"; commands on stdin, one answer line each:
+ *       connect MS        -> "ok" | "err <code> <ms taken>"
+ *       graph N           -> "ok <args address>" | "err <code>" | "bad <what>"
+ *                            (a pointer-rich message of N nodes there and back)
+ *       many K N          -> K graph calls: "ok" | first failure
+ *       noop MS           -> "ok" | "err <code>"   (a call with a deadline of MS)
+ *       slow MS DL        -> starts a call the server sleeps MS in (deadline DL ms), prints
+ *                            "sent", then its outcome "ok" | "err <code> <ms taken>"
+ *       whoami            -> "ok <server pid>"
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cxrpc/rpc.h>
+
+enum { M_GRAPH = 1, M_NOOP = 2, M_SLEEP = 3, M_WHOAMI = 4 };
+
+typedef struct node {
+  int64_t v;
+  struct node *next;
+  char *label;
+} node;
+
+typedef struct graph_args {
+  int64_t n;
+  node *head;
+  char *name;
+} graph_args;
+
+typedef struct graph_res {
+  int64_t sum, n;
+  node *rev;          /* new nodes in the result heap; labels point into the arguments */
+  char *name;         /* a copy in the result heap */
+  const graph_args *echo;  /* the arguments' own address, as the server saw it */
+  int32_t server_pid;
+} graph_res;
+
+static bool in(cxr_range r, const void *p, size_t len) {
+  uintptr_t a = (uintptr_t)p, b = (uintptr_t)r.p;
+  return p != NULL && a >= b && len <= r.len && a - b <= r.len - len;
+}
+
+/* ---- server ---- */
+
+static int h_graph(cxr_call *call, const void *args, void **result, void *user) {
+  cxr_range ar = cxr_call_arg_range(call);
+  const graph_args *ga = args;
+  if (!in(ar, ga, sizeof *ga) || ga->n < 0 || ga->n > 100000 || !in(ar, ga->name, 1))
+    return CXR_EBADPTR;
+  cxr_heap *h = cxr_call_heap(call);
+  graph_res *res = cxr_heap_alloc(h, sizeof *res);
+  size_t nl = strnlen(ga->name, 64);
+  char *name = cxr_heap_alloc(h, nl + 1);
+  cxr_range *rg = malloc((size_t)(ga->n + 2) * sizeof *rg);
+  if (res == NULL || name == NULL || rg == NULL) return CXR_ENOMEM;
+  memcpy(name, ga->name, nl);
+  name[nl] = '\0';
+  *res = (graph_res){.name = name, .echo = ga, .server_pid = (int32_t)getpid()};
+  size_t nr = 0;
+  rg[nr++] = (cxr_range){res, sizeof *res};
+  rg[nr++] = (cxr_range){name, nl + 1};
+  const node *x = ga->head;
+  for (int64_t i = 0; i < ga->n; i++) {
+    if (!in(ar, x, sizeof *x) || !in(ar, x->label, 1)) return CXR_EBADPTR;
+    char want[24];
+    snprintf(want, sizeof want, "L%" PRId64, x->v);
+    if (strncmp(x->label, want, sizeof want) != 0) return CXR_EPROTO;
+    node *y = cxr_heap_alloc(h, sizeof *y);
+    if (y == NULL) return CXR_ENOMEM;
+    *y = (node){.v = x->v, .next = res->rev, .label = x->label};
+    res->rev = y;
+    res->sum += x->v;
+    res->n++;
+    rg[nr++] = (cxr_range){y, sizeof *y};
+    x = x->next;
+  }
+  if (x != NULL) return CXR_EPROTO;
+  int rc = cxr_call_set_result_ranges(call, rg, nr);
+  free(rg);
+  *result = res;
+  return rc;
+}
+
+static int h_noop(cxr_call *call, const void *args, void **result, void *user) { return 0; }
+
+static int h_sleep(cxr_call *call, const void *args, void **result, void *user) {
+  int64_t ms = 0;
+  if (args) memcpy(&ms, args, sizeof ms);
+  if (ms > 0 && ms < 60000) usleep((useconds_t)ms * 1000);
+  return 0;
+}
+
+static int h_whoami(cxr_call *call, const void *args, void **result, void *user) {
+  int32_t *p = cxr_heap_alloc(cxr_call_heap(call), sizeof *p);
+  if (p == NULL) return CXR_ENOMEM;
+  *p = (int32_t)getpid();
+  *result = p;
+  return 0;
+}
+
+static int server(const char *name, const char *listen) {
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  o.listen = listen;
+  o.workers = 2;
+  cxr_channel *ch;
+  int rc = cxr_channel_open(&ch, name, &o);
+  if (rc == 0) rc = cxr_channel_on(ch, M_GRAPH, h_graph, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_NOOP, h_noop, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_SLEEP, h_sleep, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_WHOAMI, h_whoami, NULL);
+  if (rc == 0) rc = cxr_channel_start(ch);
+  if (rc) {
+    printf("err %d\n", rc);
+    return 1;
+  }
+  printf("READY\n");
+  fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  cxr_channel_close(ch);
+  return 0;
+}
+
+/* ---- client ---- */
+
+static cxr_conn *conn;
+static char target[256];
+
+static int do_connect(long ms) {
+  if (conn) cxr_conn_close(conn), conn = NULL;
+  cxr_conn_opts o;
+  cxr_conn_opts_init(&o);
+  o.connect_timeout_ns = ms * 1000000;
+  return cxr_connect(&conn, target, &o);
+}
+
+/* Builds the message, calls, checks the answer. 0, a CXR_E* code, or 1 (wrong answer). */
+static int graph(int64_t n, char *what, size_t wl, void **addr) {
+  cxr_heap *h = cxr_conn_heap(conn);
+  int64_t cap = n + 2;
+  cxr_range *rg = malloc((size_t)(2 * cap) * sizeof *rg);
+  node **nodes = malloc((size_t)cap * sizeof *nodes);
+  graph_args *ga = cxr_heap_alloc(h, sizeof *ga);
+  char *name = cxr_heap_alloc(h, 32);
+  if (!rg || !nodes || !ga || !name) return CXR_ENOMEM;
+  snprintf(name, 32, "client-%d", (int)getpid());
+  *ga = (graph_args){.n = n, .name = name};
+  size_t nr = 0;
+  rg[nr++] = (cxr_range){ga, sizeof *ga};
+  rg[nr++] = (cxr_range){name, 32};
+  node **link = &ga->head;
+  int64_t sum = 0;
+  for (int64_t i = 0; i < n; i++) {
+    node *x = cxr_heap_alloc(h, sizeof *x);
+    char *l = cxr_heap_alloc(h, 24);
+    if (!x || !l) return CXR_ENOMEM;
+    *x = (node){.v = i * 7 + 1, .label = l};
+    snprintf(l, 24, "L%" PRId64, x->v);
+    sum += x->v;
+    *link = x;
+    link = &x->next;
+    nodes[i] = x;
+    rg[nr++] = (cxr_range){x, sizeof *x};
+    rg[nr++] = (cxr_range){l, 24};
+  }
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.ranges = rg;
+  o.nranges = nr;
+  o.deadline_ns = 5000000000;
+  graph_res *res = NULL;
+  int rc = cxr_conn_call(conn, M_GRAPH, ga, (void **)&res, &o);
+  *addr = ga;
+  if (rc == 0) {
+    const char *bad = NULL;
+    if (res == NULL) bad = "no result";
+    else if (res->sum != sum || res->n != n) bad = "sum";
+    else if (res->echo != ga) bad = "arguments not at the same address";
+    else if (strcmp(res->name, name) != 0) bad = "name";
+    else {
+      node *y = res->rev;
+      for (int64_t i = n - 1; i >= 0 && !bad; i--, y = y->next) {
+        if (y == NULL || y->v != nodes[i]->v) bad = "reversed list";
+        else if (y->label != nodes[i]->label) bad = "label pointer";
+      }
+      if (!bad && y != NULL) bad = "list too long";
+    }
+    if (bad) {
+      snprintf(what, wl, "%s", bad);
+      rc = 1;
+    }
+    cxr_conn_free(conn, res);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    cxr_heap_free(h, nodes[i]->label);
+    cxr_heap_free(h, nodes[i]);
+  }
+  cxr_heap_free(h, name);
+  cxr_heap_free(h, ga);
+  free(rg);
+  free(nodes);
+  return rc;
+}
+
+static int client(const char *t) {
+  snprintf(target, sizeof target, "%s", t);
+  printf("READY\n");
+  fflush(stdout);
+  char line[256], what[64];
+  long a, b;
+  while (fgets(line, sizeof line, stdin)) {
+    if (sscanf(line, "connect %ld", &a) == 1) {
+      int64_t t0 = cxr_now_ns();
+      int rc = do_connect(a);
+      if (rc) printf("err %d %ld\n", rc, (long)((cxr_now_ns() - t0) / 1000000));
+      else printf("ok\n");
+    } else if (conn == NULL) {
+      printf("err %d\n", CXR_ENOTCONN);
+    } else if (sscanf(line, "graph %ld", &a) == 1) {
+      void *addr = NULL;
+      int rc = graph(a, what, sizeof what, &addr);
+      if (rc == 1) printf("bad %s\n", what);
+      else if (rc) printf("err %d\n", rc);
+      else printf("ok %p\n", addr);
+    } else if (sscanf(line, "many %ld %ld", &a, &b) == 2) {
+      int rc = 0;
+      void *addr;
+      for (long i = 0; i < a && rc == 0; i++) rc = graph(b, what, sizeof what, &addr);
+      if (rc == 1) printf("bad %s\n", what);
+      else if (rc) printf("err %d\n", rc);
+      else printf("ok\n");
+    } else if (sscanf(line, "noop %ld", &a) == 1) {
+      cxr_call_opts o;
+      cxr_call_opts_init(&o);
+      o.deadline_ns = a * 1000000;
+      int rc = cxr_conn_call(conn, M_NOOP, NULL, NULL, &o);
+      if (rc) printf("err %d\n", rc);
+      else printf("ok\n");
+    } else if (sscanf(line, "slow %ld %ld", &a, &b) == 2) {
+      int64_t *ms = cxr_heap_alloc(cxr_conn_heap(conn), sizeof *ms);
+      *ms = a;
+      cxr_call_opts o;
+      cxr_call_opts_init(&o);
+      o.deadline_ns = b * 1000000;
+      o.arg_len = sizeof *ms;
+      cxr_future *f;
+      int64_t t0 = cxr_now_ns();
+      int rc = cxr_conn_call_async(conn, M_SLEEP, ms, &f, &o);
+      printf("sent\n");
+      fflush(stdout);
+      if (rc == 0) {
+        rc = cxr_future_wait(f, 0, NULL);
+        cxr_future_free(f);
+      }
+      if (rc) printf("err %d %ld\n", rc, (long)((cxr_now_ns() - t0) / 1000000));
+      else printf("ok\n");
+    } else if (!strncmp(line, "whoami", 6)) {
+      int32_t *pid = NULL;
+      int rc = cxr_conn_call(conn, M_WHOAMI, NULL, (void **)&pid, NULL);
+      if (rc) printf("err %d\n", rc);
+      else printf("ok %d\n", pid ? *pid : -1);
+      cxr_conn_free(conn, pid);
+    } else {
+      printf("err %d\n", CXR_EINVAL);
+    }
+    fflush(stdout);
+  }
+  if (conn) cxr_conn_close(conn);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc == 4 && !strcmp(argv[1], "server")) return server(argv[2], argv[3]);
+  if (argc == 3 && !strcmp(argv[1], "client")) return client(argv[2]);
+  fprintf(stderr, "usage: remote_peer server NAME LISTEN | client TARGET\n");
+  return 2;
+}
