@@ -511,7 +511,7 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
   if (err == 0 || err == CXR_ECANCELED) err = CXR_ENOTCONN;
   int zero = 0;
   if (!atomic_compare_exchange_strong(&ep->status, &zero, err)) return;
-  if (ep->server_side)  /* a client went away: routine for a server */
+  if (ep->server_side || ep->pooled)  /* a client left, or a spare endpoint: routine */
     CXR_DEBUG("rdma: client %s left: %s", ep->host, ucs_status_string(status));
   else
     CXR_WARN("rdma: endpoint to %s failed: %s (%s)", ep->host, cxr_strerror(err),

@@ -1,0 +1,151 @@
+// Calls across racks through the public API, every actor a real process in its own network
+// namespace: a server in one pod (two namespaces share its CXRPC_ROOT, so one client there
+// uses shared memory), clients in two other racks (their own roots and pods) over UCX on
+// TCP. Checks: concurrent clients from two racks and the pod get right answers;
+// pointer-rich messages arrive intact at the same addresses; a server killed with SIGKILL
+// ends pending calls with CXR_EPEERDEAD; a link taken down gives deadline errors and the
+// connection recovers; unknown hosts and channels fail clearly within the deadline.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/netns/netns.h"
+#include "tests/rdma/proc.h"
+
+namespace {
+
+const char *kPeer = "tests/netns/remote_peer";
+
+class NetnsRemote : public ::testing::Test {
+ protected:
+  cxrt_net net;
+  std::string tmp;
+  // node 0: server (pod 1); node 1: same pod (shares its root); nodes 2, 3: racks A, B.
+  void SetUp() override {
+    if (!cxrt_net_available()) GTEST_SKIP() << "needs root and no sandbox for network namespaces";
+    const char *t = getenv("TEST_TMPDIR");
+    tmp = std::string(t ? t : "/tmp") + "/" +
+          ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    mkdir(tmp.c_str(), 0700);
+    for (const char *d : {"/pod", "/rackA", "/rackB"}) mkdir((tmp + d).c_str(), 0700);
+    ASSERT_EQ(cxrt_net_up(&net, ::testing::UnitTest::GetInstance()->current_test_info()->name(), 4), 0);
+  }
+  void TearDown() override { cxrt_net_down(&net); }
+
+  std::vector<std::string> env(int node) {
+    static const char *roots[] = {"/pod", "/pod", "/rackA", "/rackB"};
+    static const char *pods[] = {"1", "1", "2", "3"};
+    return {"CXRPC_ROOT=" + tmp + roots[node], std::string("CXRPC_POD=") + pods[node]};
+  }
+  std::string listen() { return std::string("ucx://") + net.ip[0] + ":7400"; }
+  std::string remote(const char *chan = "kv") {
+    return std::string("ucx://") + net.ip[0] + ":7400/" + chan;
+  }
+  bool server(cxrt::Proc &s) {
+    return s.start({kPeer, "server", "kv", listen()}, env(0), net.ns[0]) && s.line(15000) == "READY";
+  }
+  bool client(cxrt::Proc &c, int node, const std::string &target) {
+    return c.start({kPeer, "client", target}, env(node), net.ns[node]) && c.line(15000) == "READY";
+  }
+  static std::string ask(cxrt::Proc &c, const std::string &cmd, int ms = 30000) {
+    c.say(cmd);
+    return c.line(ms);
+  }
+};
+
+TEST_F(NetnsRemote, ClientsInTwoRacksAndThePodCallOneServerAtOnce) {
+  cxrt::Proc s, pod, a, b;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(pod, 1, "kv"));  // same pod: shared memory
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_TRUE(client(b, 3, remote()));
+  for (cxrt::Proc *c : {&pod, &a, &b}) ASSERT_EQ(ask(*c, "connect 5000"), "ok");
+  // All three answer from the same server process.
+  std::string who = ask(pod, "whoami");
+  EXPECT_EQ(who.rfind("ok ", 0), 0u) << who;
+  EXPECT_EQ(ask(a, "whoami"), who);
+  EXPECT_EQ(ask(b, "whoami"), who);
+  // At once: each sends 200 pointer-rich messages and checks every answer.
+  for (cxrt::Proc *c : {&pod, &a, &b}) c->say("many 200 16");
+  for (cxrt::Proc *c : {&pod, &a, &b}) EXPECT_EQ(c->line(60000), "ok");
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST_F(NetnsRemote, PointerRichMessagesArriveIntactAtTheSameAddresses) {
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  // The client checks that the server saw its arguments at their own address, that every
+  // pointer inside the result (into the result heap and back into the arguments) resolves,
+  // and the sum the server computed by walking the list. Sizes up to a rendezvous message.
+  for (int n : {0, 1, 10, 1000, 20000}) {
+    std::string r = ask(a, "graph " + std::to_string(n));
+    EXPECT_EQ(r.rfind("ok 0x", 0), 0u) << n << ": " << r;
+  }
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST_F(NetnsRemote, KilledServerEndsPendingCallsWithPeerDead) {
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  ASSERT_EQ(ask(a, "noop 2000"), "ok");
+  // A call the server sleeps 20 s in, with a 25 s deadline: only the death can end it early.
+  ASSERT_EQ(ask(a, "slow 20000 25000"), "sent");
+  usleep(200000);
+  s.kill9();
+  std::string r = a.line(15000);
+  int code = 0, ms = 0;
+  ASSERT_EQ(sscanf(r.c_str(), "err %d %d", &code, &ms), 2) << r;
+  EXPECT_EQ(code, -13) << r;  // CXR_EPEERDEAD
+  EXPECT_LT(ms, 15000);
+  // Later calls fail the same way at once.
+  EXPECT_EQ(ask(a, "noop 1000"), "err -13");
+}
+
+TEST_F(NetnsRemote, LinkDownGivesDeadlineErrorsAndTheConnectionRecovers) {
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  ASSERT_EQ(ask(a, "graph 10").rfind("ok", 0), 0u);
+  ASSERT_EQ(cxrt_net_link(&net, 0, false), 0);
+  EXPECT_EQ(ask(a, "noop 300"), "err -12");  // CXR_ETIMEDOUT
+  EXPECT_EQ(ask(a, "noop 300"), "err -12");
+  ASSERT_EQ(cxrt_net_link(&net, 0, true), 0);
+  // The same connection works again once TCP retransmits (bounded wait).
+  bool back = false;
+  for (int i = 0; i < 40 && !back; i++) back = ask(a, "noop 500") == "ok";
+  EXPECT_TRUE(back);
+  EXPECT_EQ(ask(a, "graph 100").rfind("ok", 0), 0u);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST_F(NetnsRemote, MissingHostOrChannelFailsClearlyWithinTheDeadline) {
+  cxrt::Proc s, nohost, nochan, noport;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(nohost, 2, "ucx://10.77.0.99:7400/kv"));
+  ASSERT_TRUE(client(nochan, 2, remote("nope")));
+  ASSERT_TRUE(client(noport, 3, std::string("ucx://") + net.ip[0] + ":7401/kv"));
+  int code = 0, ms = 0;
+  std::string r = ask(nohost, "connect 1000");
+  ASSERT_EQ(sscanf(r.c_str(), "err %d %d", &code, &ms), 2) << r;
+  EXPECT_TRUE(code == -12 || code == -26) << r;  // timed out / not connected
+  EXPECT_LT(ms, 3000);
+  r = ask(nochan, "connect 2000");
+  ASSERT_EQ(sscanf(r.c_str(), "err %d %d", &code, &ms), 2) << r;
+  EXPECT_EQ(code, -3) << r;  // CXR_ENOENT: the host answered, it has no such channel
+  EXPECT_LT(ms, 3000);
+  r = ask(noport, "connect 1000");
+  ASSERT_EQ(sscanf(r.c_str(), "err %d %d", &code, &ms), 2) << r;
+  EXPECT_TRUE(code == -26 || code == -12) << r;
+  EXPECT_LT(ms, 3000);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+}  // namespace
