@@ -140,8 +140,9 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
       else if (status != 0) CXR__ADD(&ctr->errors, 1);
       __atomic_store_n(&f->state, CXR__F_DONE, __ATOMIC_SEQ_CST);
       fire(f);
-      /* Wake threads of ours asleep on the ring: one of them may wait for this call. */
-      cxr__bell_ring(&c->resp.r->futex, &c->resp.r->sleepers);
+      /* Wake threads of ours asleep on the ring: one of them may wait for this call. The
+       * private count keeps us off the shared line the server rings. */
+      if (__atomic_fetch_add(&c->sleeping, 0, __ATOMIC_SEQ_CST) != 0) completion_wake(c);
       return;
     }
     if (s == CXR__F_ORPHAN) {
@@ -219,12 +220,14 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
     cxr__ring *r = c->resp.r;
     uint32_t v = __atomic_load_n(&r->futex, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&c->sleeping, 1, __ATOMIC_SEQ_CST);
     if (!final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST)) && !cxr__ring_nonempty(&c->resp)) {
       int64_t t = f->deadline - now;
       if (until - now < t) t = until - now;
       if (c->peer_timeout / 2 < t) t = c->peer_timeout / 2;
       cxr__futex_wait(&r->futex, v, t > 0 ? t : 1);
     }
+    __atomic_fetch_sub(&c->sleeping, 1, __ATOMIC_SEQ_CST);
     __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);
   }
 }
@@ -457,10 +460,16 @@ static void *completion_main(void *arg) {
     pthread_mutex_unlock(&c->qlock);
     if (queued) continue;
     /* Count as a sleeper only while callbacks wait for responses: then the server rings. */
-    if (armed) __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (armed) {
+      __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+      __atomic_fetch_add(&c->sleeping, 1, __ATOMIC_SEQ_CST);
+    }
     if (!(armed && cxr__ring_nonempty(&c->resp)) && !__atomic_load_n(&c->cstop, __ATOMIC_ACQUIRE))
       cxr__futex_wait(&r->futex, v, next - now > 0 ? next - now : 1);
-    if (armed) __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (armed) {
+      __atomic_fetch_sub(&c->sleeping, 1, __ATOMIC_SEQ_CST);
+      __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);
+    }
   }
   run_callbacks(c);
   return NULL;

@@ -36,12 +36,15 @@ struct cxr_future {
 
 /* A process keeps one mapping of a channel's control heap however many connections it has
  * to that channel (conn.c). */
+#define CXR__SPARE_MAX 8
 typedef struct cxr__ctl_ref {
   struct cxr__ctl_ref *next;
   char name[CXR_NAME_MAX + 1];
   cxr_heap *heap;
   cxr__chan_block *cb;
   unsigned refs;
+  cxr_heap *spare[CXR__SPARE_MAX];  /* connection heaps kept mapped for reconnects */
+  unsigned nspare;
 } cxr__ctl_ref;
 
 struct cxr_conn {
@@ -65,6 +68,7 @@ struct cxr_conn {
   pthread_mutex_t lock;
   int dead;              /* atomic: 0, or the code every call now ends with */
   int64_t next_check;    /* atomic: when liveness is checked next */
+  unsigned sleeping;     /* atomic: our threads asleep on the response futex */
   /* completion thread for cxr_future_then */
   pthread_mutex_t qlock;
   pthread_t cthread;

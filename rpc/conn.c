@@ -38,9 +38,14 @@ int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal) {
 }
 void cxr__call_release(cxr_conn *c, uint32_t seal) { (void)c, (void)seal; }
 
-/* ---- one mapping of each control heap per process ----
+/* ---- mappings kept per process ----
  * The only process-wide state of rpc/: a short list of mapped control heaps with reference
- * counts, so that many connections to one channel share one mapping and one lease. */
+ * counts, so that many connections to one channel share one mapping and one lease, and with
+ * each a few spare mappings of connection heaps this process used before. Mapping a heap
+ * file costs hundreds of microseconds (shm), claiming a slot a CAS: a process that connects
+ * again to a slot it has seen (the pool recycles the same few heaps) maps nothing. Unused
+ * channel mappings stay (at most IDLE_MAX) until their server goes away. */
+#define IDLE_MAX 4
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 static cxr__ctl_ref *ctl_list;
 
@@ -50,18 +55,46 @@ static bool ctl_usable(cxr__chan_block *cb) {
   return cxr__proc_alive(&id);
 }
 
+static void ctl_destroy(cxr__ctl_ref *r) {
+  for (unsigned i = 0; i < r->nspare; i++) cxr_heap_close(r->spare[i]);
+  if (r->heap) cxr_heap_close(r->heap);
+  free(r);
+}
+
+/* Closes unused channel mappings beyond IDLE_MAX and those whose server is gone.
+ * Called with ctl_lock held. */
+static void ctl_trim(void) {
+  unsigned idle = 0;
+  for (cxr__ctl_ref **p = &ctl_list; *p != NULL;) {
+    cxr__ctl_ref *r = *p;
+    if (r->refs == 0 && (++idle > IDLE_MAX || !ctl_usable(r->cb))) {
+      *p = r->next;
+      ctl_destroy(r);
+      continue;
+    }
+    p = &r->next;
+  }
+}
+
 static int ctl_get(const char *channel, cxr__ctl_ref **out) {
   char name[CXR_NAME_MAX + 1];
   snprintf(name, sizeof name, "ch.%s", channel);
   pthread_mutex_lock(&ctl_lock);
-  for (cxr__ctl_ref *r = ctl_list; r != NULL; r = r->next) {
-    if (strcmp(r->name, name) == 0 && ctl_usable(r->cb)) {
+  for (cxr__ctl_ref **p = &ctl_list; *p != NULL; p = &(*p)->next) {
+    cxr__ctl_ref *r = *p;
+    if (strcmp(r->name, name) != 0) continue;
+    if (ctl_usable(r->cb)) {
       r->refs++;
+      *p = r->next; /* most recently used first */
+      r->next = ctl_list;
+      ctl_list = r;
       *out = r;
       pthread_mutex_unlock(&ctl_lock);
       return 0;
     }
+    r->name[0] = '\0'; /* stale (server gone or channel re-created): never match again */
   }
+  ctl_trim();
   cxr__ctl_ref *r = calloc(1, sizeof *r);
   int rc = r ? cxr_heap_open(&r->heap, name) : CXR_ENOMEM;
   if (rc != 0) goto fail;
@@ -94,25 +127,57 @@ static int ctl_get(const char *channel, cxr__ctl_ref **out) {
   pthread_mutex_unlock(&ctl_lock);
   return 0;
 fail:
-  if (r && r->heap) cxr_heap_close(r->heap);
-  free(r);
+  if (r) ctl_destroy(r);
   pthread_mutex_unlock(&ctl_lock);
   return rc;
 }
 
 static void ctl_put(cxr__ctl_ref *ref) {
   pthread_mutex_lock(&ctl_lock);
-  if (--ref->refs == 0) {
-    for (cxr__ctl_ref **p = &ctl_list; *p != NULL; p = &(*p)->next) {
-      if (*p == ref) {
-        *p = ref->next;
-        break;
-      }
+  ref->refs--;
+  ctl_trim();
+  pthread_mutex_unlock(&ctl_lock);
+}
+
+/* A mapping of connection heap `name` kept from an earlier connection, or NULL. */
+static cxr_heap *spare_take(cxr__ctl_ref *ref, const char *name) {
+  cxr_heap *h = NULL;
+  pthread_mutex_lock(&ctl_lock);
+  for (unsigned i = 0; i < ref->nspare; i++) {
+    if (strcmp(cxr_heap_name(ref->spare[i]), name) == 0) {
+      h = ref->spare[i];
+      ref->spare[i] = ref->spare[--ref->nspare];
+      break;
     }
-    cxr_heap_close(ref->heap);
-    free(ref);
   }
   pthread_mutex_unlock(&ctl_lock);
+  return h;
+}
+
+/* Keeps a connection heap mapped for a later connect (closes the oldest beyond the limit). */
+static void spare_put(cxr__ctl_ref *ref, cxr_heap *h) {
+  cxr_heap *drop = NULL;
+  pthread_mutex_lock(&ctl_lock);
+  if (ref->nspare == CXR__SPARE_MAX) {
+    drop = ref->spare[0];
+    memmove(&ref->spare[0], &ref->spare[1], (CXR__SPARE_MAX - 1) * sizeof ref->spare[0]);
+    ref->nspare--;
+  }
+  ref->spare[ref->nspare++] = h;
+  pthread_mutex_unlock(&ctl_lock);
+  if (drop) cxr_heap_close(drop);
+}
+
+/* This process's identity, read from /proc once (again after a fork). */
+static int self_id(cxr__proc_id *out) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  static cxr__proc_id id;
+  pthread_mutex_lock(&lock);
+  int rc = 0;
+  if (id.pid != (int32_t)getpid()) rc = cxr__proc_self_id(&id);
+  *out = id;
+  pthread_mutex_unlock(&lock);
+  return rc;
 }
 
 /* ---- connect ---- */
@@ -175,7 +240,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   c->slot = s;
   c->gen = cxr__owner_gen(CXR__LDX(&s->owner));
   cxr__proc_id self;
-  if (cxr__proc_self_id(&self) == 0) CXR__ST(&s->client_start, self.start_time);
+  if (self_id(&self) == 0) CXR__ST(&s->client_start, self.start_time);
   CXR__ST(&s->client_uid, (uint32_t)getuid());
   CXR__ST(&s->since_ns, cxr_now_ns());
   CXR__ADD(&cb->connects, 1);
@@ -186,8 +251,8 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   memcpy(heap_name, s->heap, sizeof heap_name);
   heap_name[CXR_NAME_MAX] = '\0';
   uint64_t blk_addr = CXR__LDX(&s->conn_block);
-  rc = cxr_heap_open(&c->heap, heap_name);
-  if (rc != 0) goto fail;
+  c->heap = spare_take(c->ctl, heap_name);
+  if (c->heap == NULL && (rc = cxr_heap_open(&c->heap, heap_name)) != 0) goto fail;
   uint32_t ring = cb->ring_slots;
   cxr__conn_block *b = (cxr__conn_block *)(uintptr_t)blk_addr;
   if (cxr_heap_get_root(c->heap) != b || !cxr_heap_contains(c->heap, b, cxr__conn_block_size(ring)) ||
@@ -292,7 +357,11 @@ void cxr_conn_close(cxr_conn *c) {
   cxr__conn_fail_all(c, CXR_ECLOSED);
   if (c->slot != NULL) release_slot(c->cb, c->index, c->pid, c->gen);
   cxr__conn_table_fini(c);
-  if (c->heap) cxr_heap_close(c->heap);
+  if (c->heap) {
+    /* Keep the mapping only if the server may hand this heap out again. */
+    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) == 0) spare_put(c->ctl, c->heap);
+    else cxr_heap_close(c->heap);
+  }
   if (c->ctl) ctl_put(c->ctl);
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->qlock);
