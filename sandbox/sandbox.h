@@ -55,10 +55,14 @@ typedef struct cxr_range {
 /* ---- seal tables ---- */
 
 typedef struct cxr_seal_table cxr_seal_table;  /* one process's handle on a shared table */
-typedef uint64_t cxr_seal_id;                  /* slot (low 32 bits) and generation */
+/* A seal's name in a call descriptor: generation << 20 | slot. Never 0 (generations start
+ * at 1), so 0 can mean "not sealed". */
+typedef uint32_t cxr_seal_id;
+#define CXR_SEAL_SLOTS_MAX (1u << 20)
 
 typedef struct cxr_seal_opts {
-  unsigned slots;          /* records in the table (seals in flight); default 1024 */
+  unsigned slots;          /* records in the table (seals in flight); default 1024, at most
+                              CXR_SEAL_SLOTS_MAX */
   unsigned release_batch;  /* releases gathered before write access comes back in one
                               sweep; default 1024; 1 = every release at once */
   uintptr_t addr;          /* where to map the table (MAP_FIXED_NOREPLACE); 0 = anywhere.

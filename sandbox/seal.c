@@ -21,7 +21,11 @@
 #include "sandbox/internal.h"
 #include "shm/log.h"
 
-#define MAX_SLOTS (1u << 20)
+#define MAX_SLOTS CXR_SEAL_SLOTS_MAX
+#define GEN_MAX 0xfffu
+#define ID(g, s) ((cxr_seal_id)((g) << 20 | (s)))
+#define ID_SLOT(id) ((id) & (MAX_SLOTS - 1))
+#define ID_GEN(id) ((id) >> 20)
 #define STATE(g, s) (((uint64_t)(g) << 8) | (uint64_t)(s))
 
 typedef struct pend {
@@ -283,12 +287,12 @@ int cxr_seal_table_seal(cxr_seal_table *t, const void *p, size_t len, cxr_seal_i
     goto out;
   }
   uint32_t s = t->freel[--t->nfree];
-  if (++t->gen[s] == 0 || t->gen[s] > 0xffffffu) t->gen[s] = 1; /* 24 bits fit the state */
+  if (++t->gen[s] > GEN_MAX) t->gen[s] = 1; /* 12 bits: the id fits 32 */
   t->s_addr[s] = a;
   t->s_len[s] = n;
   t->live_pos[s] = t->nlive;
   t->live[t->nlive++] = s;
-  *id = (uint64_t)t->gen[s] << 32 | s;
+  *id = ID(t->gen[s], s);
   atomic_fetch_add_explicit(&t->n_seals, 1, memory_order_relaxed);
 out:
   pthread_mutex_unlock(&t->mu);
@@ -297,7 +301,7 @@ out:
 
 /* The slot of a live seal of ours, or -1. Caller holds mu. */
 static int64_t live_slot(const cxr_seal_table *t, cxr_seal_id id) {
-  uint32_t s = (uint32_t)id, g = (uint32_t)(id >> 32);
+  uint32_t s = ID_SLOT(id), g = ID_GEN(id);
   if (s >= t->slots || g == 0 || t->gen[s] != g || t->s_len[s] == 0) return -1;
   return s;
 }
@@ -317,7 +321,7 @@ int cxr_seal_table_release(cxr_seal_table *t, cxr_seal_id id) {
     rc = CXR_EINVAL;
     goto out;
   }
-  int st = rec_state(t, (uint32_t)s, (uint32_t)(id >> 32));
+  int st = rec_state(t, (uint32_t)s, ID_GEN(id));
   if (!t->peer_dead && st != CXR__SEAL_DONE) {
     rc = (st == CXR__SEAL_ACTIVE || st == CXR__SEAL_CLAIM) ? CXR_EPERM : CXR_EAGAIN;
     goto out;
@@ -352,7 +356,7 @@ int cxr_seal_table_cancel(cxr_seal_table *t, cxr_seal_id id) {
     rc = CXR_EINVAL;
     goto out;
   }
-  int st = rec_state(t, (uint32_t)s, (uint32_t)(id >> 32));
+  int st = rec_state(t, (uint32_t)s, ID_GEN(id));
   if (!t->peer_dead && (st == CXR__SEAL_ACTIVE || st == CXR__SEAL_CLAIM)) {
     rc = CXR_EPERM;
     goto out;
@@ -443,11 +447,11 @@ bool cxr_seal_table_enforced(const cxr_seal_table *t) { return t && t->sup_sock 
 int cxr_seal_table_check(cxr_seal_table *t, cxr_seal_id id, const void *p, size_t len) {
   if (!t || t->sender || !p || len == 0) return CXR_EINVAL;
   atomic_fetch_add_explicit(&t->n_checks, 1, memory_order_relaxed);
-  uint32_t s = (uint32_t)id, g = (uint32_t)(id >> 32);
+  uint32_t s = ID_SLOT(id), g = ID_GEN(id);
   uint64_t a = (uintptr_t)p & ~(uint64_t)(CXR__PAGE - 1), e = (uintptr_t)p + len;
   if (e < (uintptr_t)p || e > UINT64_MAX - CXR__PAGE) return CXR_EBADPTR;
   e = (e + CXR__PAGE - 1) & ~(uint64_t)(CXR__PAGE - 1);
-  if (s >= t->slots || g == 0 || g > 0xffffffu) goto not_sealed;
+  if (s >= t->slots || g == 0) goto not_sealed;
   if (t->heap_hi && (a < t->heap_lo || e > t->heap_hi)) return CXR_EBADPTR;
   cxr__seal_rec *r = &t->recs[s];
   uint64_t old = atomic_load_explicit(&r->state, memory_order_acquire);
@@ -477,8 +481,8 @@ not_sealed:
 
 int cxr_seal_table_done(cxr_seal_table *t, cxr_seal_id id) {
   if (!t || t->sender) return CXR_EINVAL;
-  uint32_t s = (uint32_t)id, g = (uint32_t)(id >> 32);
-  if (s >= t->slots) return CXR_EINVAL;
+  uint32_t s = ID_SLOT(id), g = ID_GEN(id);
+  if (s >= t->slots || g == 0) return CXR_EINVAL;
   uint64_t want = STATE(g, CXR__SEAL_ACTIVE);
   if (!atomic_compare_exchange_strong_explicit(&t->recs[s].state, &want, STATE(g, CXR__SEAL_DONE),
                                                memory_order_acq_rel, memory_order_acquire))

@@ -80,7 +80,7 @@ TEST_F(SealTest, UnsealedArgumentClaimedSealedIsRejected) {
   start(1);
   uintptr_t p = heap.addr + 16 * 4096;
   // A made-up id for pages the sender never sealed.
-  cxr_seal_id fake = (1ull << 32) | 5;
+  cxr_seal_id fake = (1u << 20) | 5;
   EXPECT_EQ(cxr_seal_table_check(t, fake, heap.p() + 16 * 4096, 64), CXR_ENOTSEALED);
   // A real id, but for other pages than the ones claimed.
   cxr_seal_id id = seal(p, 4096);
@@ -95,7 +95,7 @@ TEST_F(SealTest, UnsealedArgumentClaimedSealedIsRejected) {
   ASSERT_EQ(cxr_seal_table_stats(t, &st), 0);
   EXPECT_EQ(st.not_sealed, 4u);
   // Garbage ids from a hostile sender.
-  EXPECT_EQ(cxr_seal_table_check(t, ~0ull, heap.p(), 64), CXR_ENOTSEALED);
+  EXPECT_EQ(cxr_seal_table_check(t, ~0u, heap.p(), 64), CXR_ENOTSEALED);
   EXPECT_EQ(cxr_seal_table_check(t, 3, heap.p(), 64), CXR_ENOTSEALED);  // generation 0
 }
 
