@@ -90,7 +90,7 @@ int cxrt_net_up(cxrt_net *net, const char *tag, int n) {
     goto fail;
   for (int i = 0; i < n; i++) {
     snprintf(net->ns[i], sizeof net->ns[i], "cxr-%d-%s-%d", pid, tag, i);
-    snprintf(net->ip[i], sizeof net->ip[i], "10.77.0.%d", i + 1);
+    snprintf(net->ip[i], sizeof net->ip[i], "10.77.0.%d", (i + 1) & 0xff);
     del_ns(net->ns[i]);
     net->n = i + 1;
     if (run("ip netns add %s", net->ns[i]) ||

@@ -23,7 +23,7 @@ typedef struct cxrt_net {
   int n;
   char sw[64];
   char ns[CXRT_NET_MAX][64];
-  char ip[CXRT_NET_MAX][16];
+  char ip[CXRT_NET_MAX][20];
 } cxrt_net;
 
 /* Creates n nodes (1..CXRT_NET_MAX) and the switch. 0 or -1 (message on stderr). */
