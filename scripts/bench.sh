@@ -7,3 +7,4 @@ BAZEL=(bazel run -c opt --color=no --curses=no --noshow_progress --ui_event_filt
 bench() { echo; echo "### $*"; "${BAZEL[@]}" "$@" 2>&1 | grep -vE '^(INFO|Loading|Analyzing|Target|  bazel-bin|WARNING: )' ; }
 # One line per benchmark target (each layer adds its own):
 bench //bench:alloc_bench
+bench //bench:seal_bench
