@@ -450,6 +450,15 @@ static tcache *tc_get(cxr_heap *h) {
   return t;
 }
 
+/* In the child of fork (one thread, the forking one): its caches hold blocks that are
+ * still in the parent's caches. Forget them; the parent keeps them. */
+void cxr__tcache_after_fork(void) {
+  for (unsigned i = 0; i < TC_HEAPS; i++) {
+    free(tcs[i]);
+    tcs[i] = NULL;
+  }
+}
+
 void cxr__tcache_flush(cxr_heap *h, bool drop) {
   for (unsigned i = 0; i < TC_HEAPS; i++) {
     tcache *t = tcs[i];

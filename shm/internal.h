@@ -77,6 +77,7 @@ void cxr__heap_rebuild(cxr__hdr *hdr, const cxr__reclaim *r);
 void cxr__heap_usage(const cxr__hdr *hdr, size_t *used, size_t *cached);
 /* This thread's cache for h: flush everything back (heap lock taken inside). */
 void cxr__tcache_flush(cxr_heap *h, bool drop);
+void cxr__tcache_after_fork(void);
 void cxr__tcache_counters(cxr_heap *h, uint64_t *allocs, uint64_t *frees);
 
 /* ---- heap.c ---- */

@@ -37,7 +37,7 @@
 #define CXR_SLAB_PAGES 16u       /* a slab is a 64 KiB run of blocks of one class */
 #define CXR_NCLASS 32u
 #define CXR_SMALL_MAX 8192u      /* larger requests are page runs without in-band header */
-#define CXR_MAX_HOLDERS 64u
+#define CXR_MAX_HOLDERS 128u     /* < CXR_NO_OWNER: the owner slot is 8 bits in tags */
 #define CXR_NO_OWNER 0xFFu       /* owner slot of blocks whose holder closed cleanly */
 #define CXR_HEAP_MIN (128u * 1024u)
 

@@ -62,6 +62,7 @@ static void at_parent(void) { pthread_mutex_unlock(&rt_mu); }
 static void at_child(void) {
   pthread_mutex_unlock(&rt_mu);
   atomic_fetch_add(&cxr__fork_epoch, 1);
+  cxr__tcache_after_fork();
 }
 static void exit_release(void);
 static void register_atfork(void) {

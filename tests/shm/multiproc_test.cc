@@ -399,6 +399,22 @@ TEST(MultiProc, InheritedHandleTakesItsOwnLease) {
   ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, &o), 0);
   void *mine = cxr_heap_alloc(h, 48);  // also fills this thread's cache
   ASSERT_NE(mine, nullptr);
+  // The child must never get a block that sits in the parent's cache.
+  const int K = 40;
+  void **theirs = (void **)cxr_heap_alloc(h, K * sizeof(void *));
+  memset(theirs, 0, K * sizeof(void *));
+  pid_t first = spawn([&]() -> int {
+    for (int i = 0; i < K; i++)
+      if (!(theirs[i] = cxr_heap_alloc(h, 48))) return 10;
+    cxr_heap_close(h);
+    return 0;
+  });
+  ASSERT_EQ(wait_child(first), 0);
+  std::set<void *> child_blocks(theirs, theirs + K);
+  for (int i = 0; i < K; i++) {
+    void *p = cxr_heap_alloc(h, 48);
+    EXPECT_EQ(child_blocks.count(p), 0u) << "block handed out twice: " << p;
+  }
   cxr_heap_stats st0;
   cxr_heap_stats(h, &st0);
   pid_t pid = spawn([&]() -> int {
