@@ -77,6 +77,9 @@ int cxr__ring_push(const cxr__rview *v, const cxr__desc *in);
 /* 0, or CXR_EAGAIN when empty. The slot is copied out before it is released. */
 int cxr__ring_pop(const cxr__rview *v, cxr__desc *out);
 bool cxr__ring_nonempty(const cxr__rview *v);
+/* Pushed or being pushed and not yet popped (seq_cst loads of tail and head): what a
+ * sleeper checks after announcing itself, see cxr__bell_after_push. */
+bool cxr__ring_busy(const cxr__rview *v);
 
 /* ---- the waiting toolkit (wait.c) ---- */
 
@@ -85,6 +88,9 @@ void cxr__futex_wait(uint32_t *w, uint32_t val, int64_t timeout_ns);
 void cxr__futex_wake(uint32_t *w, int n);
 /* After publishing work: wake sleepers of (futex, sleepers) only if there are any. */
 void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers);
+/* The same right after cxr__ring_push: the push's seq_cst CAS on the tail orders it, so a
+ * plain load of the sleeper count suffices (no locked instruction on the call path). */
+void cxr__bell_after_push(uint32_t *futex, uint32_t *sleepers);
 static inline void cxr__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -92,6 +98,9 @@ static inline void cxr__cpu_relax(void) {
   __asm__ __volatile__("" ::: "memory");
 #endif
 }
+/* CLOCK_MONOTONIC_COARSE: a few ns instead of ~25, at most one tick (1-4 ms) behind
+ * cxr_now_ns(). "coarse > deadline" therefore still means the deadline passed. */
+int64_t cxr__coarse_ns(void);
 /* Tunables read once from the environment (CXRPC_SPIN_NS, CXRPC_YIELD_NS). */
 int64_t cxr__spin_ns(void);
 int64_t cxr__yield_ns(void);
@@ -117,7 +126,7 @@ static inline uint32_t cxr__owner_gen(uint64_t o) { return (uint32_t)o & 0xfffff
 
 /* Counters written by the server side of a connection. */
 typedef struct cxr__srv_ctr {
-  uint64_t calls, errors, bytes_in, bytes_out, malformed, expired, inflight;
+  uint64_t calls, errors, bytes_in, bytes_out, malformed, expired;
 } __attribute__((aligned(64))) cxr__srv_ctr;
 
 /* Counters written by the client side of a connection. */

@@ -171,7 +171,8 @@ struct cxr__rconn {
 /* The process's UCX engine for remote clients: made on first use, kept for the process's
  * life so that its fast-connect directory outlives single connections. */
 static pthread_mutex_t rt_lock = PTHREAD_MUTEX_INITIALIZER;
-static cxr_rdma *rt;
+static cxr_rdma *engine;  /* set once, never freed */
+static cxr_rdma *eng(void) { return __atomic_load_n(&engine, __ATOMIC_ACQUIRE); }
 static struct cxr__rconn *rt_conns;
 static uint64_t rt_token;
 
@@ -193,7 +194,7 @@ static void fire(cxr_future *f) {
   uint32_t armed = CXR__CB_ARMED;
   if (__atomic_compare_exchange_n(&f->cb_state, &armed, CXR__CB_FIRED, false, __ATOMIC_SEQ_CST,
                                   __ATOMIC_SEQ_CST))
-    cxr_rdma_defer(rt, run_cb, f);
+    cxr__rdma_defer_quiet(eng(), run_cb, f);  /* no wake-up: we may hold rt_lock */
 }
 
 static bool expire(cxr_future *f, int err) {
@@ -343,29 +344,36 @@ static void sweep(void *user) {
   pthread_mutex_unlock(&rt_lock);
 }
 
+/* Lock order: UCX's own locks, then rt_lock, then a connection's lock. So UCX is never
+ * called with rt_lock held (the engine is made under a lock of its own). */
+static pthread_mutex_t rt_make_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static int runtime(cxr_rdma **out) {
-  pthread_mutex_lock(&rt_lock);
+  pthread_mutex_lock(&rt_make_lock);
   int rc = 0;
-  if (rt == NULL) {
+  cxr_rdma *r = eng();
+  if (r == NULL) {
     cxr_rdma_opts o;
     cxr_rdma_opts_init(&o);
-    rc = cxr_rdma_open(&rt, &o);
-    if (rc == 0) rc = cxr__am_set(rt, R_OPEN_REP, on_open_rep, NULL, CXR_RDMA_AM_INLINE);
-    if (rc == 0) rc = cxr__am_set(rt, R_CALL_REP, on_call_rep, NULL, CXR_RDMA_AM_INLINE);
-    if (rc == 0) cxr__rdma_set_tick(rt, sweep, NULL);
-    if (rc != 0 && rt) {
-      cxr_rdma_close(rt);
-      rt = NULL;
+    rc = cxr_rdma_open(&r, &o);
+    if (rc == 0) rc = cxr__am_set(r, R_OPEN_REP, on_open_rep, NULL, CXR_RDMA_AM_INLINE);
+    if (rc == 0) rc = cxr__am_set(r, R_CALL_REP, on_call_rep, NULL, CXR_RDMA_AM_INLINE);
+    if (rc == 0) cxr__rdma_set_tick(r, sweep, NULL);
+    if (rc != 0 && r) {
+      cxr_rdma_close(r);
+      r = NULL;
     }
+    if (r) __atomic_store_n(&engine, r, __ATOMIC_RELEASE);
   }
-  *out = rt;
-  pthread_mutex_unlock(&rt_lock);
+  *out = r;
+  pthread_mutex_unlock(&rt_make_lock);
   return rc;
 }
 
 /* Busy-polls the worker until f is final, `until` passes (CXR_EAGAIN) or its deadline
  * (the future then ends with CXR_ETIMEDOUT). */
 static int rwait(cxr_conn *c, cxr_future *f, int64_t until) {
+  cxr_rdma *rt = eng();
   int64_t start = cxr_now_ns();
   int rc = 0;
   cxr__rdma_waiter(rt, 1);
@@ -601,7 +609,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
               .deadline_rel = rel, .flags = o->flags & ~(unsigned)CXR_CALL_SEAL,
               .nranges = (uint32_t)nr, .nrel = nrel, .inline_len = (uint32_t)inl};
   if (o->ranges == NULL && args != NULL && !inl) h.arg_len = rg[0].len;
-  int err = cxr__am_send_owned(rt, cxr__rdma_ep_uep(rc->ep), R_CALL, &h, sizeof h, iov, niov,
+  int err = cxr__am_send_owned(eng(), cxr__rdma_ep_uep(rc->ep), R_CALL, &h, sizeof h, iov, niov,
                                own, f->deadline);
   if (err) {
     /* Not sent (or not within the deadline): the call ends here. */
@@ -999,9 +1007,7 @@ static void on_call(cxr_rdma_msg *m, void *user) {
   if (st == 0) {
     /* The client's clock is not ours: its deadline arrives as time left. */
     call.deadline = cxr_now_ns() + h.deadline_rel;
-    CXR__ADD(&ctr->inflight, 1);
     st = cxr__dispatch(&call, me->fn, me->user, &result);
-    CXR__ADD(&ctr->inflight, (uint64_t)-1);
     if (st > 0 || st < CXR_ERRNO_MIN) st = CXR_EIO;
   }
   if (st == 0 && cxr_now_ns() > call.deadline) CXR__ADD(&ctr->expired, 1);

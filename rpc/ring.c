@@ -30,7 +30,9 @@ int cxr__ring_push(const cxr__rview *v, const cxr__desc *in) {
     uint64_t seq = CXR__LD(&d->seq);
     int64_t dif = (int64_t)(seq - pos);
     if (dif == 0) {
-      if (__atomic_compare_exchange_n(&v->r->tail, &pos, pos + 1, true, __ATOMIC_RELAXED,
+      /* seq_cst: sleepers check the tail after announcing themselves (cxr__ring_busy), so
+       * the producer may look at their count with a plain load afterwards. */
+      if (__atomic_compare_exchange_n(&v->r->tail, &pos, pos + 1, true, __ATOMIC_SEQ_CST,
                                       __ATOMIC_RELAXED)) {
         /* The slot is ours: copy the body (the first cache line, plus inline bytes if
          * any: a descriptor without them costs one line), then publish. */
@@ -77,4 +79,8 @@ int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
 bool cxr__ring_nonempty(const cxr__rview *v) {
   uint64_t pos = CXR__LDX(&v->r->head);
   return CXR__LD(&v->d[pos & v->mask].seq) == pos + 1;
+}
+
+bool cxr__ring_busy(const cxr__rview *v) {
+  return __atomic_load_n(&v->r->tail, __ATOMIC_SEQ_CST) != __atomic_load_n(&v->r->head, __ATOMIC_SEQ_CST);
 }

@@ -157,7 +157,8 @@ typedef struct cxr_conn_info {
   int64_t age_ns;                  /* since connect */
   char heap[CXR_NAME_MAX + 1];
   /* server side */
-  uint64_t calls, errors, bytes_in, bytes_out, malformed, expired, inflight;
+  uint64_t calls, errors, bytes_in, bytes_out, malformed, expired;
+  uint64_t inflight;               /* sent by the client, not answered yet */
   /* client side */
   uint64_t client_calls, client_errors, timeouts, cancels, peer_dead, late, stray;
 } cxr_conn_info;

@@ -31,6 +31,13 @@ void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers) {
   }
 }
 
+void cxr__bell_after_push(uint32_t *futex, uint32_t *sleepers) {
+  if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0) {
+    __atomic_fetch_add(futex, 1, __ATOMIC_SEQ_CST);
+    cxr__futex_wake(futex, INT_MAX);
+  }
+}
+
 static int64_t env_ns(const char *name, int64_t dflt, int64_t max) {
   const char *s = getenv(name);
   if (s == NULL || *s == '\0') return dflt;
@@ -58,4 +65,10 @@ int64_t cxr__yield_ns(void) {
     __atomic_store_n(&v, x, __ATOMIC_RELAXED);
   }
   return x;
+}
+
+int64_t cxr__coarse_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
