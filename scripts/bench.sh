@@ -8,3 +8,4 @@ bench() { echo; echo "### $*"; "${BAZEL[@]}" "$@" 2>&1 | grep -vE '^(INFO|Loadin
 # One line per benchmark target (each layer adds its own):
 bench //bench:alloc_bench
 bench //bench:seal_bench
+bench //bench:rpc_bench
