@@ -90,12 +90,18 @@ int cxr_str_setz(cxr_heap *h, cxr_str *s, const char *z);
 int cxr_bytes_set(cxr_heap *h, cxr_bytes *b, const void *p, size_t len);
 /* n zeroed elements of elem bytes in h (NULL with cxr_last_error() on failure). */
 void *cxr_vec_alloc(cxr_heap *h, size_t elem, uint64_t n);
-/* Allocates n zeroed items for any vector type: CXR_VEC_ALLOC(h, m->tags, 8) evaluates
- * to the items pointer (NULL on failure, count stays 0). Evaluates `vec` more than once. */
-#define CXR_VEC_ALLOC(h, vec, n)                                                      \
-  ((vec).count = ((vec).items = (__typeof__((vec).items))cxr_vec_alloc(             \
-                      (h), sizeof(*(vec).items), (n))) != NULL ? (uint64_t)(n) : 0, \
-   (vec).items)
+/* Allocates n zeroed items for any vector type: CXR_VEC_ALLOC(h, m->tags, 8) sets items
+ * and count and gives the items pointer (NULL on failure, count 0). A GNU statement
+ * expression (gcc, clang) so that vec is evaluated once and the result may be ignored. */
+#define CXR_VEC_ALLOC(h, vec, n)                                                   \
+  __extension__({                                                                  \
+    __typeof__(&(vec)) cxr__vp = &(vec);                                           \
+    uint64_t cxr__vn = (uint64_t)(n);                                              \
+    cxr__vp->items =                                                               \
+        (__typeof__(cxr__vp->items))cxr_vec_alloc((h), sizeof *cxr__vp->items, cxr__vn); \
+    cxr__vp->count = cxr__vp->items ? cxr__vn : 0;                                 \
+    cxr__vp->items;                                                                \
+  })
 static inline bool cxr_str_eq(cxr_str s, const char *z) {
   size_t i = 0;
   if (!z) return false;

@@ -80,7 +80,7 @@ static void check_repeated(gen_buf *c, const gm_field *x) {
 
 static void emit_vin(gen_buf *c, const gm_msg *g) {
   gb_printf(c, "\nint %s__vin(cxr__vctx *v, const void *p) {\n", g->cname);
-  gb_printf(c, "  const %s *m = (const %s *)p;\n  int rc = 0;\n  (void)m;\n", g->cname, g->cname);
+  gb_printf(c, "  const %s *m = (const %s *)p;\n  int rc = 0;\n  (void)v, (void)m;\n", g->cname, g->cname);
   char e[512];
   for (size_t i = 0; i < g->nfields; i++) {
     const gm_field *x = &g->fields[i];

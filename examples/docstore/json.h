@@ -1,0 +1,18 @@
+/* A small JSON reader and writer for docstore values: parses text straight into a
+ * docstore_Value tree in a heap (no intermediate tree) and prints one back. */
+#ifndef DOCSTORE_JSON_H
+#define DOCSTORE_JSON_H
+
+#include <stdio.h>
+
+#include "examples/docstore/docstore.cxr.h"
+
+/* Parses a JSON text into h; NULL on a syntax error (message in err) or a full heap. */
+docstore_Value *json_parse(cxr_heap *h, const char *text, char *err, size_t errlen);
+void json_print(FILE *f, const docstore_Value *v);
+/* The value at a dotted path ("a.b.0"), or NULL. */
+const docstore_Value *json_at(const docstore_Value *v, const char *path, size_t len);
+/* Values in a tree (the root included). */
+uint64_t json_count(const docstore_Value *v);
+
+#endif
