@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tools/channels.h"
+#include "tools/conns.h"
 #include "tools/doctor.h"
 #include "tools/heaps.h"
 
@@ -14,6 +16,8 @@ typedef struct subcommand {
 
 static const subcommand commands[] = {
     {"heaps", "heaps of this pod: address, size, use, holders, leases [--reap]", cxr__ctl_heaps},
+    {"channels", "rpc channels: server, state, permissions, connections, ready pool", cxr__ctl_channels},
+    {"conns", "connections with their counters [CHANNEL] [--all: also the ready pool]", cxr__ctl_conns},
     {"doctor", "what this machine offers: RDMA devices, UCX transports, pkeys, DAX", cxr__doctor},
 };
 
