@@ -162,6 +162,9 @@ int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const v
  * no longer needs it, even when the wait gives up at the deadline. */
 int cxr__am_send_owned(cxr_rdma *r, ucp_ep_h uep, unsigned id, const void *hdr, size_t hlen,
                        const struct iovec *iov, size_t niov, void *owned, int64_t deadline_ns);
+/* cxr_rdma_defer without waking the worker (safe under the caller's own locks); the
+ * progress thread finds it within its poll period (20 ms with a tick set). */
+int cxr__rdma_defer_quiet(cxr_rdma *r, void (*fn)(void *), void *user);
 /* fn(user) runs on the progress thread at least every 20 ms (deadline sweeps). */
 void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user);
 /* Progresses the worker on the calling thread (a waiter); returns events handled. */

@@ -131,7 +131,7 @@ void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user) {
 
 void cxr__wake(cxr_rdma *r) { ucp_worker_signal(r->worker); }
 
-int cxr_rdma_defer(cxr_rdma *r, void (*fn)(void *), void *user) {
+static int defer(cxr_rdma *r, void (*fn)(void *), void *user, bool wake) {
   if (r == NULL || fn == NULL) return CXR_EINVAL;
   rdma_defer *d = malloc(sizeof *d);
   if (d == NULL) return CXR_ENOMEM;
@@ -142,8 +142,13 @@ int cxr_rdma_defer(cxr_rdma *r, void (*fn)(void *), void *user) {
   if (r->dq_tail) r->dq_tail->next = d; else r->dq_head = d;
   r->dq_tail = d;
   pthread_mutex_unlock(&r->lock);
-  cxr__wake(r);
+  if (wake) cxr__wake(r);
   return 0;
+}
+
+int cxr_rdma_defer(cxr_rdma *r, void (*fn)(void *), void *user) { return defer(r, fn, user, true); }
+int cxr__rdma_defer_quiet(cxr_rdma *r, void (*fn)(void *), void *user) {
+  return defer(r, fn, user, false);
 }
 
 static void msg_enqueue(cxr_rdma *r, cxr_rdma_msg *m) {

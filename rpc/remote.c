@@ -348,6 +348,14 @@ static void sweep(void *user) {
  * called with rt_lock held (the engine is made under a lock of its own). */
 static pthread_mutex_t rt_make_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* At exit the engine's progress thread must stop before UCX's own destructors run. */
+static void engine_at_exit(void) {
+  pthread_mutex_lock(&rt_make_lock);
+  cxr_rdma *r = __atomic_exchange_n(&engine, NULL, __ATOMIC_ACQ_REL);
+  pthread_mutex_unlock(&rt_make_lock);
+  if (r) cxr_rdma_close(r);
+}
+
 static int runtime(cxr_rdma **out) {
   pthread_mutex_lock(&rt_make_lock);
   int rc = 0;
@@ -363,7 +371,10 @@ static int runtime(cxr_rdma **out) {
       cxr_rdma_close(r);
       r = NULL;
     }
-    if (r) __atomic_store_n(&engine, r, __ATOMIC_RELEASE);
+    if (r) {
+      __atomic_store_n(&engine, r, __ATOMIC_RELEASE);
+      atexit(engine_at_exit);
+    }
   }
   *out = r;
   pthread_mutex_unlock(&rt_make_lock);
