@@ -1,16 +1,13 @@
 /* The one place a validated call meets its handler. The sandbox layer wraps this (seal
  * check, memory domain, fault containment) without touching the rest of rpc/. */
 #include "rpc/remote.h"
+#include "rpc/seal_glue.h"
 #include "rpc/server.h"
 #include "shm/log.h"
 
 int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result) {
   *result = NULL;
-  if (call->flags & CXR_CALL_SEAL) {
-    /* Seam: cxr_call_check_sealed(call, args, len) goes here once sandbox/ provides it. */
-    return CXR_ENOSYS;
-  }
-  return fn(call, call->args, result, user);
+  return cxr__seal_dispatch(call, fn, user, result); /* rpc/seal_glue.c */
 }
 
 /* ---- accessors for handlers ---- */
@@ -19,6 +16,8 @@ cxr_heap *cxr_call_heap(cxr_call *call) {
   if (call == NULL || call->sc == NULL) return cxr__fail_null(CXR_EINVAL);
   return call->sc->heap;
 }
+
+size_t cxr_call_arg_len(cxr_call *call) { return call ? call->arg_len : 0; }
 
 cxr_range cxr_call_arg_range(cxr_call *call) {
   cxr_range r = {NULL, 0};

@@ -28,6 +28,7 @@
  *  - Added: inspection from outside the serving process (cxr_channel_list,
  *    cxr_channel_inspect, with cxr_channel_info / cxr_conn_info) for cxrpcctl.
  *  - Channel names: at most 32 characters of [A-Za-z0-9._-].
+ *  - Added cxr_call_arg_len (bytes at args as sent).
  */
 #ifndef CXRPC_RPC_H
 #define CXRPC_RPC_H
@@ -43,11 +44,15 @@ typedef struct cxr_conn cxr_conn;
 typedef struct cxr_call cxr_call;
 typedef struct cxr_future cxr_future;
 
-/* A byte range [p, p + len). Used for argument/result graphs and allowed ranges. */
+/* A byte range [p, p + len). Used for argument/result graphs and allowed ranges.
+ * (Also declared by <cxrpc/sandbox.h>, which may not include this header: same guard.) */
+#ifndef CXR_RANGE_DEFINED
+#define CXR_RANGE_DEFINED
 typedef struct cxr_range {
   const void *p;
   size_t len;
 } cxr_range;
+#endif
 
 /* A handler runs on a server worker thread. `args` points into the connection heap (or
  * at an inline copy); it builds the result in cxr_call_heap(call), stores it in *result
@@ -122,6 +127,9 @@ void cxr_future_free(cxr_future *f);    /* cancels if still pending */
 
 /* ---- inside a handler ---- */
 cxr_heap *cxr_call_heap(cxr_call *call);  /* where the handler builds results */
+/* Bytes at args as sent: the inline copy's length, else the caller's arg_len (0 when the
+ * caller gave none: then only the heap bounds, cxr_call_arg_range, limit it). */
+size_t cxr_call_arg_len(cxr_call *call);
 /* The memory an argument graph may point into (the connection heap): for validators. */
 cxr_range cxr_call_arg_range(cxr_call *call);
 /* Remote calls: the byte ranges of the result graph to ship back; default is the usable

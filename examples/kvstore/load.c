@@ -1,0 +1,241 @@
+/* kv_load: a YCSB-like load generator for kv_server. Each thread has its own connection and
+ * runs a closed loop of calls; keys follow a Zipfian distribution (scrambled, as in YCSB).
+ *   kv_load [--channel kv] [--threads 2] [--seconds 3] [--workload a|b|c] [--keys N]
+ *           [--value-size BYTES] [--zipf THETA] [--no-preload]
+ *   workload a: 50% get, 50% set;  b: 95% get, 5% set;  c: 100% get
+ * Prints calls/s, hit ratio, errors and latency percentiles. Exit status 1 on errors. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cxrpc/rpc.h>
+
+#include "examples/kvstore/kv.h"
+
+typedef struct cfg {
+  const char *channel;
+  int threads;
+  double seconds;
+  char workload;
+  uint64_t keys;
+  uint32_t value_size;
+  double theta;
+  bool preload;
+} cfg;
+
+/* ---- Zipfian keys (Gray et al., as YCSB generates them) ---- */
+typedef struct zipf {
+  uint64_t n;
+  double theta, alpha, zetan, eta;
+} zipf;
+
+static void zipf_init(zipf *z, uint64_t n, double theta) {
+  double zetan = 0, zeta2 = 1 + pow(0.5, theta);
+  for (uint64_t i = 1; i <= n; i++) zetan += 1.0 / pow((double)i, theta);
+  z->n = n;
+  z->theta = theta;
+  z->alpha = 1.0 / (1.0 - theta);
+  z->zetan = zetan;
+  z->eta = (1 - pow(2.0 / (double)n, 1 - theta)) / (1 - zeta2 / zetan);
+}
+
+static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+static double rng_unit(uint64_t *s) { return (rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+static uint64_t zipf_next(const zipf *z, uint64_t *rng) {
+  double u = rng_unit(rng), uz = u * z->zetan;
+  uint64_t rank;
+  if (uz < 1.0) rank = 0;
+  else if (uz < 1.0 + pow(0.5, z->theta)) rank = 1;
+  else rank = (uint64_t)((double)z->n * pow(z->eta * u - z->eta + 1, z->alpha));
+  if (rank >= z->n) rank = z->n - 1;
+  /* Scramble so that popular keys are spread over the key space. */
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < 8; i++) h = (h ^ ((rank >> (8 * i)) & 0xff)) * 1099511628211ull;
+  return h % z->n;
+}
+
+/* ---- one thread ---- */
+typedef struct worker {
+  const cfg *c;
+  const zipf *z;
+  int id;
+  uint64_t ops, gets, hits, sets, errors, bad_values;
+  uint32_t *lat;   /* ns, one per op up to cap */
+  size_t nlat, cap;
+  int setup_rc;
+} worker;
+
+static int key_of(uint64_t k, char *buf) { return snprintf(buf, 32, "key:%010llu", (unsigned long long)k); }
+
+/* SET key k to value_size bytes whose first 8 hold k (checked by GET). */
+static int do_set(cxr_conn *conn, char *value, uint32_t vlen, uint64_t k) {
+  kv_req r;
+  r.key_len = (uint32_t)key_of(k, r.key);
+  r.value_len = vlen;
+  r.value = (uint64_t)(uintptr_t)value;
+  if (vlen >= 8) memcpy(value, &k, 8);
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = KV_REQ_SIZE(r.key_len);
+  return cxr_conn_call(conn, KV_SET, &r, NULL, &o);
+}
+
+static int do_get(cxr_conn *conn, uint64_t k, uint32_t vlen, bool *hit, bool *bad) {
+  kv_req r;
+  r.key_len = (uint32_t)key_of(k, r.key);
+  r.value_len = 0;
+  r.value = 0;
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = KV_REQ_SIZE(r.key_len);
+  void *res = NULL;
+  int rc = cxr_conn_call(conn, KV_GET, &r, &res, &o);
+  *hit = res != NULL;
+  *bad = false;
+  if (res != NULL) {
+    kv_value *v = res;
+    uint64_t got = 0;
+    if (v->len >= 8) memcpy(&got, v->data, 8);
+    *bad = v->len != vlen || (vlen >= 8 && got != k);
+    cxr_heap_free(cxr_conn_heap(conn), res);
+  }
+  return rc;
+}
+
+static void *run(void *arg) {
+  worker *w = arg;
+  const cfg *c = w->c;
+  cxr_conn *conn;
+  if ((w->setup_rc = cxr_connect(&conn, c->channel, NULL)) != 0) return NULL;
+  char *value = cxr_heap_alloc(cxr_conn_heap(conn), c->value_size ? c->value_size : 1);
+  if (value == NULL) {
+    w->setup_rc = cxr_last_error();
+    cxr_conn_close(conn);
+    return NULL;
+  }
+  memset(value, 'v', c->value_size);
+  if (c->preload) /* each thread loads its share of the keys */
+    for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
+      if (do_set(conn, value, c->value_size, k) != 0) w->errors++;
+  uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
+  int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
+  int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
+  for (;;) {
+    int64_t t0 = cxr_now_ns();
+    if (t0 >= end) break;
+    uint64_t k = zipf_next(w->z, &rng);
+    int rc;
+    if ((int)(rng_next(&rng) % 100) < get_pct) {
+      bool hit, bad;
+      rc = do_get(conn, k, c->value_size, &hit, &bad);
+      w->gets++;
+      w->hits += hit;
+      w->bad_values += bad;
+    } else {
+      rc = do_set(conn, value, c->value_size, k);
+      w->sets++;
+    }
+    int64_t dt = cxr_now_ns() - t0;
+    if (rc != 0) w->errors++;
+    w->ops++;
+    if (w->nlat < w->cap) w->lat[w->nlat++] = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
+  }
+  cxr_heap_free(cxr_conn_heap(conn), value);
+  cxr_conn_close(conn);
+  return NULL;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: kv_load [--channel NAME] [--threads N] [--seconds S] [--workload a|b|c]\n"
+          "               [--keys N] [--value-size BYTES] [--zipf THETA] [--no-preload]\n");
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  cfg c = {KV_CHANNEL, 2, 3.0, 'b', 0, 100, 0.99, true};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--no-preload")) { c.preload = false; continue; }
+    if (v == NULL) return usage();
+    if (!strcmp(a, "--channel")) c.channel = v;
+    else if (!strcmp(a, "--threads")) c.threads = atoi(v);
+    else if (!strcmp(a, "--seconds")) c.seconds = atof(v);
+    else if (!strcmp(a, "--workload")) c.workload = v[0];
+    else if (!strcmp(a, "--keys")) c.keys = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--value-size")) c.value_size = (uint32_t)strtoul(v, NULL, 10);
+    else if (!strcmp(a, "--zipf")) c.theta = atof(v);
+    else return usage();
+    i++;
+  }
+  if (c.threads < 1 || c.threads > 64 || c.seconds <= 0 || c.value_size > KV_VALUE_MAX ||
+      (c.workload != 'a' && c.workload != 'b' && c.workload != 'c') || c.theta <= 0 || c.theta >= 1)
+    return usage();
+  if (c.keys == 0) { /* keep the store under ~256 MiB */
+    c.keys = (256ull << 20) / (c.value_size + 64);
+    if (c.keys > 100000) c.keys = 100000;
+    if (c.keys < 16) c.keys = 16;
+  }
+  zipf z;
+  zipf_init(&z, c.keys, c.theta);
+  worker *w = calloc((size_t)c.threads, sizeof *w);
+  pthread_t *t = calloc((size_t)c.threads, sizeof *t);
+  size_t cap = (size_t)(c.seconds * 2e6) + 1024;
+  if (cap > (64u << 20)) cap = 64u << 20;
+  for (int i = 0; i < c.threads; i++) {
+    w[i] = (worker){.c = &c, .z = &z, .id = i, .cap = cap};
+    w[i].lat = malloc(cap * sizeof *w[i].lat);
+    pthread_create(&t[i], NULL, run, &w[i]);
+  }
+  uint64_t ops = 0, gets = 0, hits = 0, sets = 0, errors = 0, bad = 0;
+  size_t nlat = 0;
+  for (int i = 0; i < c.threads; i++) {
+    pthread_join(t[i], NULL);
+    if (w[i].setup_rc != 0) {
+      fprintf(stderr, "kv_load: thread %d: %s\n", i, cxr_strerror(w[i].setup_rc));
+      errors++;
+    }
+    ops += w[i].ops, gets += w[i].gets, hits += w[i].hits, sets += w[i].sets;
+    errors += w[i].errors, bad += w[i].bad_values, nlat += w[i].nlat;
+  }
+  uint32_t *all = malloc((nlat ? nlat : 1) * sizeof *all);
+  size_t k = 0;
+  for (int i = 0; i < c.threads; i++) {
+    memcpy(all + k, w[i].lat, w[i].nlat * sizeof *all);
+    k += w[i].nlat;
+    free(w[i].lat);
+  }
+  qsort(all, nlat, sizeof *all, cmp_u32);
+  const char *mix = c.workload == 'a' ? "50% get / 50% set" : c.workload == 'b' ? "95% get / 5% set" : "100% get";
+  printf("kv_load: workload %c (%s), %d thread%s, %llu keys (zipf %.2f), values %u B, %.1f s\n",
+         c.workload - 32, mix, c.threads, c.threads == 1 ? "" : "s", (unsigned long long)c.keys,
+         c.theta, c.value_size, c.seconds);
+  printf("  %llu calls  %.0f calls/s  (%.1f MB/s of values)  hits %.1f%%  errors %llu  bad values %llu\n",
+         (unsigned long long)ops, ops / c.seconds,
+         ((double)gets * (hits ? (double)hits / gets : 0) + (double)sets) * c.value_size / c.seconds / 1e6,
+         gets ? 100.0 * hits / gets : 0.0, (unsigned long long)errors, (unsigned long long)bad);
+  if (nlat) {
+#define P(q) (all[(size_t)((double)(nlat - 1) * (q))] / 1000.0)
+    printf("  latency us: p50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f  max %.1f\n", P(0.5), P(0.9),
+           P(0.99), P(0.999), all[nlat - 1] / 1000.0);
+  }
+  free(all);
+  free(w);
+  free(t);
+  return errors || bad ? 1 : 0;
+}
