@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "rpc/remote.h"
+#include "rpc/seal_glue.h"
 #include "rpc/server.h"
 #include "shm/log.h"
 
@@ -162,6 +163,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
   s->since_ns = 0;
   memset(&sc->client, 0, sizeof sc->client);
   __atomic_store_n(&sc->retiring, 0, __ATOMIC_SEQ_CST);
+  cxr__seal_slot_ready(ch, sc);
   __atomic_store_n(&sc->live, 1, __ATOMIC_SEQ_CST);
   CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_READY, gen));
   return 0;
@@ -544,6 +546,7 @@ void cxr_channel_close(cxr_channel *ch) {
       cxr__sconn_free_result(sc, d.ptr);
     sconn_destroy(ch, sc);
   }
+  cxr__seal_channel_close(ch);
   free(ch->conns);
   if (ch->ctl != NULL) {
     char name[CXR_NAME_MAX + 1];

@@ -77,6 +77,7 @@ struct cxr_conn {
   unsigned armed;        /* atomic: callbacks waiting for a pending call */
   struct cxr_future *qhead, *qtail;
   struct cxr__rconn *remote;  /* set for "ucx://" connections (rpc/remote.c) */
+  struct cxr__seal_cli *seal; /* sealed calls (rpc/seal_glue.c), or NULL */
 };
 
 /* call.c */

@@ -10,6 +10,7 @@
 
 #include "rpc/client.h"
 #include "rpc/remote.h"
+#include "rpc/seal_glue.h"
 #include "shm/log.h"
 
 void cxr_conn_opts_init(cxr_conn_opts *o) {
@@ -30,13 +31,7 @@ int cxr__transport_for(const char *target) {
   return CXR__TRANSPORT_POD;
 }
 
-/* Seams for sandbox/: sealing is not available until that layer lands. */
-int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal) {
-  (void)c, (void)args, (void)len;
-  *seal = 0;
-  return CXR_ENOSYS;
-}
-void cxr__call_release(cxr_conn *c, uint32_t seal) { (void)c, (void)seal; }
+/* Sealing (cxr__call_seal, cxr__call_release) lives in rpc/seal_glue.c. */
 
 /* ---- mappings kept per process ----
  * The only process-wide state of rpc/: a short list of mapped control heaps with reference
@@ -357,6 +352,7 @@ void cxr_conn_close(cxr_conn *c) {
   cxr__conn_fail_all(c, CXR_ECLOSED);
   if (c->slot != NULL) release_slot(c->cb, c->index, c->pid, c->gen);
   cxr__conn_table_fini(c);
+  cxr__seal_conn_close(c);
   if (c->heap) {
     /* Keep the mapping only if the server may hand this heap out again. */
     if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) == 0) spare_put(c->ctl, c->heap);

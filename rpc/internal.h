@@ -138,7 +138,8 @@ typedef struct cxr__cslot {
   uint64_t owner;            /* cxr__owner() */
   uint64_t client_start;     /* the client's start time (0 until written) */
   uint32_t client_uid;
-  uint32_t pad;
+  uint32_t seal_fd;          /* the server's fd of this slot's seal table + 1; 0: none
+                                (rpc/seal_glue.c) */
   int64_t since_ns;          /* CLOCK_MONOTONIC when claimed */
   uint64_t conn_block;       /* address of the cxr__conn_block (same in every process) */
   char heap[CXR_NAME_MAX + 1];

@@ -49,6 +49,7 @@ struct cxr_channel {
   unsigned nthreads;
   pthread_mutex_t lock;      /* serialises start/stop/close */
   struct cxr__rlisten *remote; /* listener for other racks (rpc/remote.c), or NULL */
+  struct cxr__seal_chan *seal; /* seal tables of the slots (rpc/seal_glue.c), or NULL */
 };
 
 /* serve.c */

@@ -490,6 +490,39 @@ int cxr_seal_table_done(cxr_seal_table *t, cxr_seal_id id) {
   return 0;
 }
 
+int cxr__seal_table_reset(cxr_seal_table *t) {
+  if (!t || t->sender) return CXR_EINVAL;
+  pthread_mutex_lock(&t->mu);
+  for (unsigned i = 0; i < t->slots; i++) {
+    atomic_store_explicit(&t->recs[i].state, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->recs[i].addr, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->recs[i].len, 0, memory_order_relaxed);
+  }
+  atomic_thread_fence(memory_order_seq_cst);
+  if (t->maps_fd >= 0) close(t->maps_fd);
+  if (t->sup_sock >= 0) close(t->sup_sock);
+  t->maps_fd = t->sup_sock = -1;
+  t->peer_pid = 0;
+  t->heap_lo = t->heap_hi = t->dev = t->ino = t->heap_off = 0;
+  pthread_mutex_unlock(&t->mu);
+  return 0;
+}
+
+int cxr__seal_table_set_map_addr(cxr_seal_table *t, uint64_t addr) {
+  if (!t || t->sender || (addr % CXR__PAGE)) return CXR_EINVAL;
+  ((cxr__seal_hdr *)t->mem)->map_addr = addr;
+  return 0;
+}
+
+int cxr__seal_table_peek(int fd, cxr__seal_hdr *out) {
+  if (fd < 0 || !out) return CXR_EINVAL;
+  if (pread(fd, out, sizeof *out, 0) != (ssize_t)sizeof *out) return CXR_ECORRUPT;
+  if (out->magic != CXR__SEAL_MAGIC) return CXR_EBADMAGIC;
+  if (out->version != CXR__SEAL_VERSION) return CXR_EVERSION;
+  if (out->map_addr % CXR__PAGE) return CXR_ECORRUPT;
+  return 0;
+}
+
 int cxr_seal_table_stats(const cxr_seal_table *t, cxr_seal_stats *o) {
   if (!t || !o) return CXR_EINVAL;
   memset(o, 0, sizeof *o);

@@ -116,7 +116,7 @@ TEST_F(Call, ArgumentsAreChecked) {
   EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, &res, &o), CXR_EINVAL);
   o.flags = CXR_CALL_SEAL;
   void *p = cxr_heap_alloc(h, 64);
-  EXPECT_EQ(cxr_conn_call(c, M_NOOP, p, &res, &o), CXR_ENOSYS);  // until sandbox/ lands
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, p, &res, &o), CXR_EINVAL);  // sealed args start on a page
   cxr_heap_free(h, p);
   EXPECT_EQ(cxr_conn_call(nullptr, M_NOOP, nullptr, &res, nullptr), CXR_EINVAL);
   cxr_conn *c2;

@@ -293,6 +293,7 @@ int cxrpcd_run(const char *path, char **argv) {
     fprintf(stderr, "cxrpcd run: the supervisor refused: %s\n", cxr_strerror(rc));
     return rc;
   }
+  setenv("CXRPC_ENFORCED", "1", 1); /* the library maps its seal tables inside the window */
   execvp(argv[0], argv);
   fprintf(stderr, "cxrpcd run: cannot exec %s: %s\n", argv[0], strerror(errno));
   return CXR_ENOENT;

@@ -1,0 +1,336 @@
+/*
+ * Sealed calls and sandboxed handlers: the glue between rpc/ and cxrpc/sandbox.h.
+ *
+ * Server: each connection slot gets a seal table (created with the slot, emptied for each
+ * new tenant) whose memfd number is published in the slot (cxr__cslot.seal_fd); a channel
+ * also reserves a window range ("cs.<channel>.<pid>", a heap used only for its addresses)
+ * where clients under cxrpcd map their read-only view, since a supervised process may map
+ * shared files only inside the window. A sealed call is checked against the client's real
+ * page protections before the handler runs and marked done after it.
+ *
+ * Client: the table is opened through /proc/<server>/fd/<n> (read-only; the memfd is sealed
+ * against writable views) on the first sealed call, seals happen before the descriptor is
+ * pushed and releases when the call's entry is freed (batched).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cxrpc/seal.h>
+
+#include "rpc/client.h"
+#include "rpc/seal_glue.h"
+#include "sandbox/internal.h"
+#include "shm/log.h"
+
+#define TABLE_SLOTS 1024u
+#define STRIDE (64u * 1024u) /* window bytes per slot's table view */
+
+typedef struct cxr__seal_srv {
+  pthread_mutex_t mu;
+  cxr_seal_table *t;
+  uint32_t peer_gen; /* tenancy the peer was set for (0: none) */
+  int peer_rc;
+} cxr__seal_srv;
+
+typedef struct cxr__seal_chan {
+  cxr_heap *space;
+  char space_name[CXR_NAME_MAX + 1];
+  bool enforce, restrict_threads;
+  unsigned n;
+  cxr__seal_srv *srv;
+} cxr__seal_chan;
+
+typedef struct cxr__seal_cli {
+  pthread_mutex_t mu;
+  cxr_seal_table *t;
+  uintptr_t map_addr; /* where our view sits inside the window (supervised), else 0 */
+  size_t map_len;
+  cxr_seal_id orphans[64]; /* seals still active at the server when their call ended */
+  unsigned norphans;
+} cxr__seal_cli;
+
+static bool env_on(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
+
+/* ---- server ---- */
+
+static cxr__seal_chan *chan_get(cxr_channel *ch) {
+  if (ch->seal) return ch->seal;
+  cxr__seal_chan *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->n = ch->o.max_conns;
+  s->srv = calloc(s->n, sizeof *s->srv);
+  if (!s->srv) {
+    free(s);
+    return NULL;
+  }
+  for (unsigned i = 0; i < s->n; i++) pthread_mutex_init(&s->srv[i].mu, NULL);
+  s->enforce = env_on("CXRPC_ENFORCE");
+  s->restrict_threads = env_on("CXRPC_SANDBOX_THREADS");
+  snprintf(s->space_name, sizeof s->space_name, "cs.%s.%d", ch->name, (int)getpid());
+  cxr_heap_opts ho;
+  cxr_heap_opts_init(&ho);
+  int rc = cxr_heap_create(&s->space, s->space_name, (size_t)s->n * STRIDE, &ho);
+  if (rc == CXR_EEXIST) { /* left by a crashed server with our pid */
+    cxr_heap_unlink(s->space_name);
+    rc = cxr_heap_create(&s->space, s->space_name, (size_t)s->n * STRIDE, &ho);
+  }
+  if (rc) {
+    CXR_WARN("channel %s: no window range for seal tables (%s): clients under cxrpcd "
+             "cannot seal", ch->name, cxr_strerror(rc));
+    s->space = NULL;
+  }
+  ch->seal = s;
+  return s;
+}
+
+void cxr__seal_slot_ready(cxr_channel *ch, cxr__sconn *sc) {
+  cxr__seal_chan *s = chan_get(ch);
+  if (!s || sc->index >= s->n) return;
+  cxr__seal_srv *v = &s->srv[sc->index];
+  pthread_mutex_lock(&v->mu);
+  if (!v->t) {
+    cxr_seal_opts o;
+    cxr_seal_opts_init(&o);
+    o.slots = TABLE_SLOTS;
+    int rc = cxr_seal_table_create(&v->t, &o);
+    if (rc) {
+      CXR_WARN("channel %s: slot %u: no seal table: %s", ch->name, sc->index, cxr_strerror(rc));
+      v->t = NULL;
+    } else if (s->space) {
+      cxr__seal_table_set_map_addr(v->t, (uintptr_t)cxr_heap_base(s->space) +
+                                             (uintptr_t)sc->index * STRIDE);
+    }
+  } else {
+    cxr__seal_table_reset(v->t);
+  }
+  v->peer_gen = 0;
+  v->peer_rc = 0;
+  CXR__ST(&sc->slot->seal_fd, v->t ? (uint32_t)cxr_seal_table_fd(v->t) + 1 : 0u);
+  pthread_mutex_unlock(&v->mu);
+}
+
+void cxr__seal_channel_close(cxr_channel *ch) {
+  cxr__seal_chan *s = ch->seal;
+  if (!s) return;
+  for (unsigned i = 0; i < s->n; i++) {
+    cxr_seal_table_close(s->srv[i].t);
+    pthread_mutex_destroy(&s->srv[i].mu);
+  }
+  if (s->space) {
+    cxr_heap_close(s->space);
+    cxr_heap_unlink(s->space_name);
+  }
+  free(s->srv);
+  free(s);
+  ch->seal = NULL;
+}
+
+/* The client of this tenancy, once: its pid for the kernel check, and cxrpcd if enforced. */
+static int peer_ready(cxr__seal_chan *s, cxr__sconn *sc, cxr__seal_srv *v) {
+  pthread_mutex_lock(&v->mu);
+  if (v->peer_gen != sc->gen) {
+    int pid = (int)cxr__owner_pid(CXR__LD(&sc->slot->owner));
+    int rc = cxr_seal_table_set_peer(v->t, pid, cxr_heap_base(sc->heap), cxr_heap_size(sc->heap));
+    if (!rc && s->enforce) {
+      rc = cxr_seal_table_enforce(v->t, NULL);
+      if (rc) CXR_WARN("seal: client %d is not under cxrpcd (%s): sealed calls refused", pid,
+                       cxr_strerror(rc));
+    }
+    v->peer_rc = rc ? (rc == CXR_EPEERDEAD ? rc : CXR_EPERM) : 0;
+    v->peer_gen = sc->gen;
+  }
+  int rc = v->peer_rc;
+  pthread_mutex_unlock(&v->mu);
+  return rc;
+}
+
+typedef struct run_ctx {
+  cxr_call *call;
+  cxr_handler fn;
+  void *user;
+  void **result;
+} run_ctx;
+
+static int run_handler(void *arg) {
+  run_ctx *r = arg;
+  return r->fn(r->call, r->call->args, r->result, r->user);
+}
+
+static _Thread_local bool thread_restricted;
+
+int cxr__seal_dispatch(cxr_call *call, cxr_handler fn, void *user, void **result) {
+  cxr_channel *ch = call->ch;
+  cxr__seal_chan *s = ch->seal;
+  cxr__seal_srv *v = NULL;
+  bool sealed = (call->flags & CXR_CALL_SEAL) != 0;
+  if (sealed) {
+    if (call->remote || !call->sc || !s || call->sc->index >= s->n || !call->args ||
+        call->arg_len == 0 || (call->flags & CXR_CALL_INLINE))
+      return CXR_ENOTSEALED;
+    v = &s->srv[call->sc->index];
+    if (!v->t) return CXR_ENOTSEALED;
+    int rc = peer_ready(s, call->sc, v);
+    if (rc) return rc;
+    rc = cxr_seal_table_check(v->t, call->seal, call->args, call->arg_len);
+    if (rc) return rc;
+  }
+  int rc;
+  if (ch->o.untrusted) {
+    if (s && s->restrict_threads && !thread_restricted) {
+      thread_restricted = true;
+      if (cxr_sandbox_restrict_thread() != 0) CXR_WARN("sandbox: worker thread not restricted");
+    }
+    run_ctx r = {call, fn, user, result};
+    rc = cxr_sandbox_run(run_handler, &r);
+    if (rc == CXR_EBADPTR) *result = NULL; /* a fault may have left it half-written */
+  } else {
+    rc = fn(call, call->args, result, user);
+  }
+  if (sealed) cxr_seal_table_done(v->t, call->seal);
+  return rc;
+}
+
+int cxr_call_check_sealed(cxr_call *call, const void *p, size_t len) {
+  if (!call || !p || !(call->flags & CXR_CALL_SEAL) || !call->args) return CXR_ENOTSEALED;
+  uintptr_t lo = (uintptr_t)call->args & ~(uintptr_t)(CXR__PAGE - 1);
+  uintptr_t hi = ((uintptr_t)call->args + call->arg_len + CXR__PAGE - 1) & ~(uintptr_t)(CXR__PAGE - 1);
+  uintptr_t a = (uintptr_t)p;
+  if (a + len < a || a < lo || a + len > hi) return CXR_ENOTSEALED;
+  return 0;
+}
+
+/* ---- client ---- */
+
+static int cli_attach(cxr_conn *c, cxr__seal_cli *k) {
+  uint32_t n = CXR__LD(&c->slot->seal_fd);
+  if (n == 0) return CXR_ENOSYS; /* the server has no table for this slot */
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%u", (int)c->server.pid, n - 1);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? CXR_EPEERDEAD : cxr__from_errno(errno);
+  cxr__seal_hdr h;
+  int rc = cxr__seal_table_peek(fd, &h);
+  cxr_seal_opts o;
+  cxr_seal_opts_init(&o);
+  const char *b = getenv("CXRPC_SEAL_BATCH");
+  if (b && atoi(b) > 0) o.release_batch = (unsigned)atoi(b);
+  if (!rc && env_on("CXRPC_ENFORCED")) {
+    /* Under cxrpcd: our view goes inside the window, at the range the server reserved
+     * for this slot (our window reservation there is PROT_NONE and unused). */
+    if (h.map_addr == 0 || h.bytes > STRIDE) rc = CXR_ENOSYS;
+    else if (munmap((void *)(uintptr_t)h.map_addr, STRIDE) != 0) rc = cxr__from_errno(errno);
+    else k->map_addr = h.map_addr, k->map_len = STRIDE, o.addr = h.map_addr;
+  }
+  if (!rc) rc = cxr_seal_table_attach(&k->t, fd, &o);
+  close(fd);
+  return rc;
+}
+
+static cxr__seal_cli *cli_get(cxr_conn *c, int *rc) {
+  cxr__seal_cli *k = __atomic_load_n(&c->seal, __ATOMIC_ACQUIRE);
+  if (k) return k;
+  pthread_mutex_lock(&c->lock);
+  k = c->seal;
+  if (!k && (k = calloc(1, sizeof *k)) != NULL) {
+    pthread_mutex_init(&k->mu, NULL);
+    *rc = cli_attach(c, k);
+    if (*rc) {
+      pthread_mutex_destroy(&k->mu);
+      free(k);
+      k = NULL;
+    } else {
+      __atomic_store_n(&c->seal, k, __ATOMIC_RELEASE);
+    }
+  } else if (!k) {
+    *rc = CXR_ENOMEM;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return k;
+}
+
+/* Seals whose call ended while the server still held them: released once it is done. */
+static void retry_orphans(cxr__seal_cli *k) {
+  pthread_mutex_lock(&k->mu);
+  for (unsigned i = 0; i < k->norphans;) {
+    int rc = cxr_seal_table_release(k->t, k->orphans[i]);
+    if (rc == CXR_EPERM) {
+      i++;
+      continue;
+    }
+    k->orphans[i] = k->orphans[--k->norphans];
+  }
+  pthread_mutex_unlock(&k->mu);
+}
+
+int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal) {
+  *seal = 0;
+  if (!args || len == 0) return CXR_EINVAL;
+  if ((uintptr_t)args % CXR__PAGE) return CXR_EINVAL; /* seal whole pages: cxr_heap_alloc_pages */
+  int rc = 0;
+  cxr__seal_cli *k = cli_get(c, &rc);
+  if (!k) return rc;
+  if (k->norphans) retry_orphans(k);
+  cxr_seal_id id;
+  rc = cxr_seal_table_seal(k->t, args, len, &id);
+  if (!rc) *seal = id;
+  return rc;
+}
+
+void cxr__call_release(cxr_conn *c, uint32_t seal) {
+  cxr__seal_cli *k = __atomic_load_n(&c->seal, __ATOMIC_ACQUIRE);
+  if (!k || !seal) return;
+  int rc = cxr_seal_table_release(k->t, seal);
+  if (rc == CXR_EAGAIN) rc = cxr_seal_table_cancel(k->t, seal); /* never reached the server */
+  if (rc == CXR_EPERM) {                                       /* still in the server's hands */
+    pthread_mutex_lock(&k->mu);
+    if (k->norphans < sizeof k->orphans / sizeof k->orphans[0]) k->orphans[k->norphans++] = seal;
+    else CXR_WARN("seal: too many seals held by the server; pages stay read-only");
+    pthread_mutex_unlock(&k->mu);
+  } else if (rc) {
+    CXR_DEBUG("seal: release of %u: %s", seal, cxr_strerror(rc));
+  }
+}
+
+int cxr_conn_seal_flush(cxr_conn *c) {
+  if (!c) return CXR_EINVAL;
+  cxr__seal_cli *k = __atomic_load_n(&c->seal, __ATOMIC_ACQUIRE);
+  if (!k) return 0;
+  if (k->norphans) retry_orphans(k);
+  return cxr_seal_table_flush(k->t);
+}
+
+int cxr_conn_seal_stats(cxr_conn *c, cxr_seal_stats *out) {
+  if (!c || !out) return CXR_EINVAL;
+  cxr__seal_cli *k = __atomic_load_n(&c->seal, __ATOMIC_ACQUIRE);
+  if (!k) {
+    memset(out, 0, sizeof *out);
+    return 0;
+  }
+  return cxr_seal_table_stats(k->t, out);
+}
+
+void cxr__seal_conn_close(cxr_conn *c) {
+  cxr__seal_cli *k = c->seal;
+  if (!k) return;
+  retry_orphans(k);
+  if (k->norphans) { /* the connection ends: nothing will be marked done any more */
+    cxr_seal_table_peer_dead(k->t);
+    for (unsigned i = 0; i < k->norphans; i++) cxr_seal_table_release(k->t, k->orphans[i]);
+  }
+  cxr_seal_table_close(k->t); /* sweeps pending releases */
+  if (k->map_addr) /* give the range back to the window reservation */
+    mmap((void *)k->map_addr, k->map_len, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  pthread_mutex_destroy(&k->mu);
+  free(k);
+  c->seal = NULL;
+}

@@ -1,0 +1,20 @@
+/* Private to rpc/: the hooks through which sealing and sandboxing (rpc/seal_glue.c) join
+ * the rpc engine. */
+#ifndef CXRPC_RPC_SEAL_GLUE_H
+#define CXRPC_RPC_SEAL_GLUE_H
+
+#include "rpc/server.h"
+
+struct cxr__seal_srv;
+struct cxr__seal_cli;
+
+/* Server: slot sc is about to be made ready: its table exists and is empty afterwards. */
+void cxr__seal_slot_ready(cxr_channel *ch, cxr__sconn *sc);
+/* Server: the channel closes. */
+void cxr__seal_channel_close(cxr_channel *ch);
+/* Server: seal check, sandbox and handler (from cxr__dispatch). */
+int cxr__seal_dispatch(cxr_call *call, cxr_handler fn, void *user, void **result);
+/* Client: the connection closes. */
+void cxr__seal_conn_close(cxr_conn *c);
+
+#endif
