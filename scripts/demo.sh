@@ -20,3 +20,30 @@ CXRPC_ROOT="$work/shm" "$(bin examples/shared_heap/shared_heap)" --ctl "$(bin to
 echo "-- cxrpcctl heaps after the demo (the last holder removed its heap):"
 CXRPC_ROOT="$work/shm" "$(bin tools/cxrpcctl)" heaps
 echo "-- files left under the pod root: $(ls -A "$work/shm" | wc -l)"
+
+# ---- rpc: the kv store, a server and clients in separate processes on tmpfs ----
+echo
+echo "== kv store: kv_server + kv_load clients over cxrpc on emulated CXL memory (tmpfs)"
+"${BAZEL[@]}" //examples/kvstore:kv_server //examples/kvstore:kv_load //tools:cxrpcctl
+kvroot=$(mktemp -d /dev/shm/cxrpc-kv.XXXX)
+kvlog="$work/kv_server.log"
+CXRPC_ROOT="$kvroot" "$(bin examples/kvstore/kv_server)" --workers 1 >"$kvlog" 2>&1 &
+kvpid=$!
+trap 'kill "$kvpid" 2>/dev/null; rm -rf "$work" "$kvroot"' EXIT
+for _ in $(seq 100); do grep -q ready "$kvlog" && break; sleep 0.1; done
+cat "$kvlog"
+kvload() { CXRPC_ROOT="$kvroot" "$(bin examples/kvstore/kv_load)" "$@"; }
+kvload --threads 1 --seconds 2 --workload b
+kvload --threads 2 --seconds 2 --workload a
+kvload --threads 1 --seconds 1 --workload c --value-size 1048576 --keys 64
+echo "-- cxrpcctl channels / conns while a client is connected:"
+kvload --threads 1 --seconds 2 --workload c --no-preload >/dev/null &
+loadpid=$!
+sleep 1
+CXRPC_ROOT="$kvroot" "$(bin tools/cxrpcctl)" channels
+CXRPC_ROOT="$kvroot" "$(bin tools/cxrpcctl)" conns kv
+wait "$loadpid"
+kill -TERM "$kvpid"
+wait "$kvpid" || true
+tail -1 "$kvlog"
+rm -rf "$kvroot"
