@@ -44,15 +44,15 @@ static inline unsigned size_class(size_t size) {
 static inline uint32_t stride_of(unsigned c) { return class_size[c] + (uint32_t)sizeof(cxr__blk); }
 static inline uint32_t blocks_per_slab(unsigned c) { return CXR_SLAB_PAGES * CXR_PAGE / stride_of(c); }
 
-static inline cxr__pme *pmap(const cxr__hdr *hdr) { return (cxr__pme *)((char *)hdr + hdr->map_off); }
-static inline char *page_addr(const cxr__hdr *hdr, uint64_t pg) {
-  return (char *)hdr + hdr->data_off + pg * CXR_PAGE;
+/* Geometry comes from the handle's copy validated at open, never from the shared header,
+ * which any holder can write: indices read from shared memory are checked against it. */
+static inline cxr__pme *pmap(const cxr__geo *g) { return g->pm; }
+static inline char *page_addr(const cxr__geo *g, uint64_t pg) {
+  return g->base + g->data_off + pg * CXR_PAGE;
 }
-static inline cxr__blk *blk_at(const cxr__hdr *hdr, uint64_t off) {
-  return (cxr__blk *)((char *)hdr + off);
-}
-static inline uint64_t off_of(const cxr__hdr *hdr, const void *p) {
-  return (uint64_t)((const char *)p - (const char *)hdr);
+static inline cxr__blk *blk_at(const cxr__geo *g, uint64_t off) { return (cxr__blk *)(g->base + off); }
+static inline uint64_t off_of(const cxr__geo *g, const void *p) {
+  return (uint64_t)((const char *)p - g->base);
 }
 
 #define LD(x) atomic_load_explicit(&(x), memory_order_acquire)
@@ -60,10 +60,23 @@ static inline uint64_t off_of(const cxr__hdr *hdr, const void *p) {
 
 /* ---------------- page runs (heap lock held) ---------------- */
 
-static void run_unlink(cxr__hdr *hdr, uint32_t pg) {
-  cxr__pme *pm = pmap(hdr);
+/* Is pg the head of a well-formed free run (links inside the map)? Shared metadata is
+ * checked before it is followed: a damaged map must not make us write out of bounds. */
+static bool run_ok(const cxr__geo *g, uint32_t pg) {
+  if (pg >= g->npages) return false;
+  uint64_t w0 = LD(g->pm[pg].w0), w1 = LD(g->pm[pg].w1);
+  uint32_t rn = cxr__pm_npages(w0);
+  return cxr__pm_kind(w0) == CXR_PM_FREE && rn >= 1 && rn <= g->npages - pg &&
+         (w1 >> 32) <= g->npages && (uint32_t)w1 <= g->npages;
+}
+
+static void run_unlink(const cxr__geo *g, uint32_t pg) {
+  cxr__hdr *hdr = g->hdr;
+  cxr__pme *pm = pmap(g);
   uint64_t w1 = LD(pm[pg].w1);
   uint32_t next = (uint32_t)(w1 >> 32), prev = (uint32_t)w1;
+  if (next > g->npages) next = 0;
+  if (prev > g->npages) prev = 0;
   if (prev) {
     uint64_t p1 = LD(pm[prev - 1].w1);
     ST(pm[prev - 1].w1, (uint64_t)next << 32 | (uint32_t)p1);
@@ -76,9 +89,11 @@ static void run_unlink(cxr__hdr *hdr, uint32_t pg) {
   }
 }
 
-static void run_link(cxr__hdr *hdr, uint32_t pg) {
-  cxr__pme *pm = pmap(hdr);
+static void run_link(const cxr__geo *g, uint32_t pg) {
+  cxr__hdr *hdr = g->hdr;
+  cxr__pme *pm = pmap(g);
   uint32_t head = hdr->free_runs;
+  if (head > g->npages) head = 0; /* damaged: the next rebuild finds the lost runs */
   ST(pm[pg].w1, (uint64_t)head << 32);
   if (head) {
     uint64_t h1 = LD(pm[head - 1].w1);
@@ -88,40 +103,50 @@ static void run_link(cxr__hdr *hdr, uint32_t pg) {
 }
 
 /* Writes a free run [pg, pg + n): head, tail, list. */
-static void run_make_free(cxr__hdr *hdr, uint32_t pg, uint32_t n) {
-  cxr__pme *pm = pmap(hdr);
+static void run_make_free(const cxr__geo *g, uint32_t pg, uint32_t n) {
+  cxr__pme *pm = pmap(g);
   if (n > 1) {
     ST(pm[pg + n - 1].w1, pg);
     ST(pm[pg + n - 1].w0, cxr__pm_w0(CXR_PM_FTAIL, 0, 0, 0));
   }
   ST(pm[pg].w0, cxr__pm_w0(CXR_PM_FREE, 0, 0, n));
-  run_link(hdr, pg);
+  run_link(g, pg);
 }
 
-/* Takes n pages (first fit). The caller writes CONT entries, then commits the head. */
-static int64_t run_take(cxr__hdr *hdr, uint32_t n) {
-  cxr__pme *pm = pmap(hdr);
-  unsigned guard = 0;
-  for (uint32_t r = hdr->free_runs; r != 0 && guard < (1u << 30); guard++) {
-    uint32_t pg = r - 1;
-    if (pg >= hdr->npages) break;
-    uint64_t w0 = LD(pm[pg].w0);
-    uint32_t rn = cxr__pm_npages(w0);
-    uint32_t next = (uint32_t)(LD(pm[pg].w1) >> 32);
-    if (cxr__pm_kind(w0) == CXR_PM_FREE && rn >= n) {
-      run_unlink(hdr, pg);
-      /* The remainder becomes its own run; pg's head still covers it until the caller's
-       * final store, so a crash here leaves one consistent free run. */
-      if (rn > n) run_make_free(hdr, pg + n, rn - n);
-      return pg;
+/* Takes n pages (first fit). The caller writes CONT entries, then commits the head.
+ * A damaged free-run list (bad entry, cycle) is rebuilt from the page map once. */
+static int64_t run_take(const cxr__geo *g, uint32_t n) {
+  cxr__hdr *hdr = g->hdr;
+  cxr__pme *pm = pmap(g);
+  for (int attempt = 0; attempt < 2; attempt++) {
+    bool damaged = false;
+    uint64_t guard = 0;
+    for (uint32_t r = hdr->free_runs; r != 0; guard++) {
+      uint32_t pg = r - 1;
+      if (guard > g->npages || !run_ok(g, pg)) {
+        damaged = true;
+        break;
+      }
+      uint32_t rn = cxr__pm_npages(LD(pm[pg].w0));
+      uint32_t next = (uint32_t)(LD(pm[pg].w1) >> 32);
+      if (rn >= n) {
+        run_unlink(g, pg);
+        /* The remainder becomes its own run; pg's head still covers it until the caller's
+         * final store, so a crash here leaves one consistent free run. */
+        if (rn > n) run_make_free(g, pg + n, rn - n);
+        return pg;
+      }
+      r = next;
     }
-    r = next;
+    if (!damaged) return -1;
+    CXR_ERR("heap %s: free-run list damaged; rebuilding", hdr->name);
+    cxr__heap_rebuild(g, NULL);
   }
   return -1;
 }
 
-static void run_commit(cxr__hdr *hdr, uint32_t pg, uint32_t n, uint64_t w0, uint64_t w1) {
-  cxr__pme *pm = pmap(hdr);
+static void run_commit(const cxr__geo *g, uint32_t pg, uint32_t n, uint64_t w0, uint64_t w1) {
+  cxr__pme *pm = pmap(g);
   for (uint32_t i = 1; i < n; i++) {
     ST(pm[pg + i].w1, pg);
     ST(pm[pg + i].w0, cxr__pm_w0(CXR_PM_CONT, 0, 0, 0));
@@ -131,42 +156,49 @@ static void run_commit(cxr__hdr *hdr, uint32_t pg, uint32_t n, uint64_t w0, uint
 }
 
 /* Frees the run headed at pg: commits FREE first, then coalesces with its neighbours. */
-static void run_release(cxr__hdr *hdr, uint32_t pg) {
-  cxr__pme *pm = pmap(hdr);
+static void run_release(const cxr__geo *g, uint32_t pg) {
+  cxr__pme *pm = pmap(g);
   uint32_t n = cxr__pm_npages(LD(pm[pg].w0));
   ST(pm[pg].w1, 0);
   ST(pm[pg].w0, cxr__pm_w0(CXR_PM_FREE, 0, 0, n));
   uint32_t next = pg + n;
-  if (next < hdr->npages) {
-    uint64_t nw = LD(pm[next].w0);
-    if (cxr__pm_kind(nw) == CXR_PM_FREE && next + cxr__pm_npages(nw) <= hdr->npages) {
-      run_unlink(hdr, next);
-      n += cxr__pm_npages(nw);
-    }
+  if (next < g->npages && run_ok(g, next)) {
+    run_unlink(g, next);
+    n += cxr__pm_npages(LD(pm[next].w0));
   }
   if (pg > 0) {
     uint64_t pw = LD(pm[pg - 1].w0);
     uint32_t p = UINT32_MAX;
     if (cxr__pm_kind(pw) == CXR_PM_FREE) p = pg - 1;
     else if (cxr__pm_kind(pw) == CXR_PM_FTAIL) p = (uint32_t)LD(pm[pg - 1].w1);
-    if (p < pg) {
+    if (p < pg && run_ok(g, p)) {
       uint64_t hw = LD(pm[p].w0);
-      if (cxr__pm_kind(hw) == CXR_PM_FREE && p + cxr__pm_npages(hw) == pg) {
-        run_unlink(hdr, p);
+      if (p + cxr__pm_npages(hw) == pg) {
+        run_unlink(g, p);
         n += cxr__pm_npages(hw);
         pg = p;
       }
     }
   }
-  run_make_free(hdr, pg, n);
+  run_make_free(g, pg, n);
 }
 
 /* ---------------- format, lock, rebuild ---------------- */
 
-void cxr__heap_format(cxr__hdr *hdr) {
+void cxr__geo_init(cxr__geo *g, void *base, const cxr__hdr *valid) {
+  g->hdr = base;
+  g->base = base;
+  g->pm = (cxr__pme *)((char *)base + valid->map_off);
+  g->npages = valid->npages;
+  g->data_off = valid->data_off;
+  g->size = valid->size;
+}
+
+void cxr__heap_format(const cxr__geo *g) {
+  cxr__hdr *hdr = g->hdr;
   for (unsigned c = 0; c < CXR_NCLASS; c++) hdr->central[c] = 0;
   hdr->free_runs = 0;
-  if (hdr->npages > 0) run_make_free(hdr, 0, (uint32_t)hdr->npages);
+  if (g->npages > 0) run_make_free(g, 0, (uint32_t)g->npages);
 }
 
 _Thread_local int cxr__lock_reaped;
@@ -177,7 +209,7 @@ int cxr__heap_lock(cxr_heap *h) {
   if (rc == EOWNERDEAD) {
     /* A holder died inside an allocator operation: lists may be half-updated. */
     CXR_WARN("heap %s: a lock holder died; rebuilding free lists", h->hdr->name);
-    cxr__heap_rebuild(h->hdr, NULL);
+    cxr__heap_rebuild(&h->g, NULL);
     cxr__lock_reaped += cxr__heap_reap_locked(h);
     pthread_mutex_consistent(&h->hdr->lock);
     return 0;
@@ -194,9 +226,10 @@ static bool reclaims(const cxr__reclaim *r, unsigned slot, uint32_t gen) {
 
 /* One slab: reclaims tags of dead owners, links FREE blocks into the central list.
  * Returns true when every block is FREE (the slab can go back to the page pool). */
-static bool rebuild_slab(cxr__hdr *hdr, uint32_t pg, unsigned c, const cxr__reclaim *r,
+static bool rebuild_slab(const cxr__geo *g, uint32_t pg, unsigned c, const cxr__reclaim *r,
                          uint64_t *heads) {
-  char *s = page_addr(hdr, pg);
+  cxr__hdr *hdr = g->hdr;
+  char *s = page_addr(g, pg);
   uint32_t nb = blocks_per_slab(c), stride = stride_of(c), nfree = 0;
   uint64_t first = 0, last = 0;
   for (uint32_t i = 0; i < nb; i++) {
@@ -219,23 +252,24 @@ static bool rebuild_slab(cxr__hdr *hdr, uint32_t pg, unsigned c, const cxr__recl
     if (st != CXR_BLK_FREE) continue;
     nfree++;
     ST(b->next, 0);
-    uint64_t off = off_of(hdr, b);
-    if (last) ST(blk_at(hdr, last)->next, off);
+    uint64_t off = off_of(g, b);
+    if (last) ST(blk_at(g, last)->next, off);
     else first = off;
     last = off;
   }
   if (nfree == nb) return true;
   if (first) {
-    ST(blk_at(hdr, last)->next, heads[c]);
+    ST(blk_at(g, last)->next, heads[c]);
     heads[c] = first;
   }
   return false;
 }
 
-void cxr__heap_rebuild(cxr__hdr *hdr, const cxr__reclaim *r) {
-  cxr__pme *pm = pmap(hdr);
+void cxr__heap_rebuild(const cxr__geo *g, const cxr__reclaim *r) {
+  cxr__hdr *hdr = g->hdr;
+  cxr__pme *pm = pmap(g);
   uint64_t heads[CXR_NCLASS] = {0};
-  uint32_t npages = (uint32_t)hdr->npages;
+  uint32_t npages = (uint32_t)g->npages;
   hdr->free_runs = 0;
   uint32_t fstart = 0, flen = 0; /* the free run being grown */
   for (uint32_t pg = 0; pg < npages;) {
@@ -246,7 +280,7 @@ void cxr__heap_rebuild(cxr__hdr *hdr, const cxr__reclaim *r) {
         n > npages - pg || (kind == CXR_PM_SLAB && (cxr__pm_class(w0) >= CXR_NCLASS || n != CXR_SLAB_PAGES))) {
       CXR_ERR("heap %s: page %u has a bad map entry %#lx; leaking the page", hdr->name, pg,
               (unsigned long)w0);
-      if (flen) run_make_free(hdr, fstart, flen);
+      if (flen) run_make_free(g, fstart, flen);
       flen = 0;
       pg++;
       continue;
@@ -264,7 +298,7 @@ void cxr__heap_rebuild(cxr__hdr *hdr, const cxr__reclaim *r) {
         }
       }
     } else if (kind == CXR_PM_SLAB) {
-      is_free = rebuild_slab(hdr, pg, cxr__pm_class(w0), r, heads);
+      is_free = rebuild_slab(g, pg, cxr__pm_class(w0), r, heads);
     }
     if (is_free) {
       if (flen == 0) fstart = pg;
@@ -272,20 +306,20 @@ void cxr__heap_rebuild(cxr__hdr *hdr, const cxr__reclaim *r) {
       /* Commit the page as free now: a slab or run swallowed into a larger run. */
       ST(pm[pg].w0, cxr__pm_w0(CXR_PM_FREE, 0, 0, n));
     } else if (flen) {
-      run_make_free(hdr, fstart, flen);
+      run_make_free(g, fstart, flen);
       flen = 0;
     }
     pg += n;
   }
-  if (flen) run_make_free(hdr, fstart, flen);
+  if (flen) run_make_free(g, fstart, flen);
   for (unsigned c = 0; c < CXR_NCLASS; c++) hdr->central[c] = heads[c];
   hdr->rebuilds++;
 }
 
-void cxr__heap_usage(const cxr__hdr *hdr, size_t *used, size_t *cached) {
-  const cxr__pme *pm = pmap(hdr);
+void cxr__heap_usage(const cxr__geo *g, size_t *used, size_t *cached) {
+  const cxr__pme *pm = pmap(g);
   size_t u = 0, ca = 0;
-  uint32_t npages = (uint32_t)hdr->npages;
+  uint32_t npages = (uint32_t)g->npages;
   for (uint32_t pg = 0; pg < npages;) {
     uint64_t w0 = atomic_load_explicit(&pm[pg].w0, memory_order_acquire);
     uint32_t n = cxr__pm_npages(w0);
@@ -295,7 +329,7 @@ void cxr__heap_usage(const cxr__hdr *hdr, size_t *used, size_t *cached) {
       u += (size_t)n * CXR_PAGE;
     } else if (kind == CXR_PM_SLAB && cxr__pm_class(w0) < CXR_NCLASS && n == CXR_SLAB_PAGES) {
       unsigned c = cxr__pm_class(w0);
-      const char *s = page_addr(hdr, pg);
+      const char *s = page_addr(g, pg);
       for (uint32_t i = 0, nb = blocks_per_slab(c); i < nb; i++) {
         cxr__blk *b = (cxr__blk *)(s + (size_t)i * stride_of(c));
         unsigned st = cxr__tag_state(atomic_load_explicit(&b->tag, memory_order_relaxed));
@@ -311,24 +345,42 @@ void cxr__heap_usage(const cxr__hdr *hdr, size_t *used, size_t *cached) {
 
 /* ---------------- central lists (heap lock held) ---------------- */
 
+/* Is `off` the header of a block of class c inside a slab of class c? */
+static bool blk_valid(const cxr__geo *g, uint64_t off, unsigned c) {
+  if (off < g->data_off || off >= g->size) return false;
+  uint64_t pg = (off - g->data_off) / CXR_PAGE;
+  uint64_t w0 = LD(g->pm[pg].w0);
+  if (cxr__pm_kind(w0) == CXR_PM_CONT) {
+    pg = (uint32_t)LD(g->pm[pg].w1);
+    if (pg >= g->npages) return false;
+    w0 = LD(g->pm[pg].w0);
+  }
+  if (cxr__pm_kind(w0) != CXR_PM_SLAB || cxr__pm_class(w0) != c ||
+      cxr__pm_npages(w0) != CXR_SLAB_PAGES || pg + CXR_SLAB_PAGES > g->npages)
+    return false;
+  uint64_t rel = off - (g->data_off + pg * CXR_PAGE);
+  return rel % stride_of(c) == 0 && rel / stride_of(c) < blocks_per_slab(c);
+}
+
 /* Pops up to `want` blocks of class c, tagging them CACHED for h's slot. */
 static unsigned central_pop(cxr_heap *h, unsigned c, cxr__blk **out, unsigned want) {
-  cxr__hdr *hdr = h->hdr;
+  const cxr__geo *g = &h->g;
+  cxr__hdr *hdr = g->hdr;
   unsigned got = 0;
   for (int round = 0; round < 2 && got < want; round++) {
     while (got < want && hdr->central[c] != 0) {
       uint64_t off = hdr->central[c];
-      if (off < hdr->data_off || off + stride_of(c) > hdr->size) {
+      if (!blk_valid(g, off, c)) {
         CXR_ERR("heap %s: corrupt free list (class %u); rebuilding", hdr->name, c);
-        cxr__heap_rebuild(hdr, NULL);
+        cxr__heap_rebuild(g, NULL);
         break;
       }
-      cxr__blk *b = blk_at(hdr, off);
+      cxr__blk *b = blk_at(g, off);
       if (LD(b->tag) != cxr__tag(CXR_BLK_FREE, c, 0, 0)) {
         /* A free list must only hold FREE blocks of its class: never hand out a block
          * that is in use because shared metadata was damaged. */
         CXR_ERR("heap %s: free list of class %u holds a block in use; rebuilding", hdr->name, c);
-        cxr__heap_rebuild(hdr, NULL);
+        cxr__heap_rebuild(g, NULL);
         break;
       }
       ST(b->tag, cxr__tag(CXR_BLK_CACHED, c, h->slot, h->gen));
@@ -337,25 +389,26 @@ static unsigned central_pop(cxr_heap *h, unsigned c, cxr__blk **out, unsigned wa
     }
     if (got == want || round == 1) break;
     /* Make a slab: block headers first, the page-map head last. */
-    int64_t pg = run_take(hdr, CXR_SLAB_PAGES);
+    int64_t pg = run_take(g, CXR_SLAB_PAGES);
     if (pg < 0) break;
-    char *s = page_addr(hdr, (uint64_t)pg);
+    char *s = page_addr(g, (uint64_t)pg);
     uint32_t nb = blocks_per_slab(c), stride = stride_of(c);
     for (uint32_t i = 0; i < nb; i++) {
       cxr__blk *b = (cxr__blk *)(s + (size_t)i * stride);
-      ST(b->next, i + 1 < nb ? off_of(hdr, s + (size_t)(i + 1) * stride) : hdr->central[c]);
+      ST(b->next, i + 1 < nb ? off_of(g, s + (size_t)(i + 1) * stride) : hdr->central[c]);
       ST(b->tag, cxr__tag(CXR_BLK_FREE, c, 0, 0));
     }
-    run_commit(hdr, (uint32_t)pg, CXR_SLAB_PAGES, cxr__pm_w0(CXR_PM_SLAB, c, 0, CXR_SLAB_PAGES), 0);
-    hdr->central[c] = off_of(hdr, s);
+    run_commit(g, (uint32_t)pg, CXR_SLAB_PAGES, cxr__pm_w0(CXR_PM_SLAB, c, 0, CXR_SLAB_PAGES), 0);
+    hdr->central[c] = off_of(g, s);
   }
   return got;
 }
 
-static void central_push(cxr__hdr *hdr, unsigned c, cxr__blk *b) {
+static void central_push(const cxr__geo *g, unsigned c, cxr__blk *b) {
+  cxr__hdr *hdr = g->hdr;
   ST(b->tag, cxr__tag(CXR_BLK_FREE, c, 0, 0));
   ST(b->next, hdr->central[c]);
-  hdr->central[c] = off_of(hdr, b);
+  hdr->central[c] = off_of(g, b);
 }
 
 /* ---------------- thread caches (process-local) ---------------- */
@@ -381,7 +434,7 @@ static bool handle_open(cxr_heap *h, uint64_t serial) {
 
 static void tc_flush_locked(cxr_heap *h, tcache *t, unsigned keep) {
   for (unsigned c = 0; c < CXR_NCLASS; c++)
-    while (t->n[c] > keep) central_push(h->hdr, c, t->b[c][--t->n[c]]);
+    while (t->n[c] > keep) central_push(&h->g, c, t->b[c][--t->n[c]]);
   cxr__slot *s = &h->hdr->slots[h->slot];
   atomic_fetch_add_explicit(&s->allocs, t->allocs, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->frees, t->frees, memory_order_relaxed);
@@ -495,14 +548,14 @@ static void *alloc_run(cxr_heap *h, size_t size) {
   for (int attempt = 0; attempt < 2; attempt++) {
     int rc = cxr__heap_lock(h);
     if (rc) return cxr__fail_null(rc);
-    int64_t pg = run_take(h->hdr, n);
+    int64_t pg = run_take(&h->g, n);
     if (pg >= 0) {
-      run_commit(h->hdr, (uint32_t)pg, n, cxr__pm_w0(CXR_PM_LARGE, 0, h->slot, n),
+      run_commit(&h->g, (uint32_t)pg, n, cxr__pm_w0(CXR_PM_LARGE, 0, h->slot, n),
                  (uint64_t)h->gen << 32);
       atomic_fetch_add_explicit(&h->hdr->slots[h->slot].allocs, 1, memory_order_relaxed);
       cxr__slot_renew(h);
       cxr__heap_unlock(h);
-      return page_addr(h->hdr, (uint64_t)pg);
+      return page_addr(&h->g, (uint64_t)pg);
     }
     /* Out of pages: recover dead holders' memory once before giving up. */
     int reaped = attempt == 0 ? cxr__heap_reap_locked(h) : 0;
@@ -599,9 +652,11 @@ static int find_ptr(const cxr_heap *h, const void *p, found *f) {
   f->head = (uint32_t)pg;
   f->kind = kind;
   if (kind == CXR_PM_LARGE) {
-    if (off != h->data_off + pg * CXR_PAGE) return CXR_EBADPTR;
+    uint32_t n = cxr__pm_npages(w0);
+    if (off != h->data_off + pg * CXR_PAGE || n == 0 || n > h->npages - pg) return CXR_EBADPTR;
     return 0;
   }
+  if (cxr__pm_npages(w0) != CXR_SLAB_PAGES || pg + CXR_SLAB_PAGES > h->npages) return CXR_EBADPTR;
   if (kind != CXR_PM_SLAB) return CXR_EBADPTR;
   unsigned c = cxr__pm_class(w0);
   if (c >= CXR_NCLASS) return CXR_EBADPTR;
@@ -632,7 +687,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
     if (cxr__heap_lock(h) != 0) return;
     /* Recheck under the lock: a concurrent double free finds a FREE head. */
     if (cxr__pm_kind(LD(h->pm[f.head].w0)) == CXR_PM_LARGE) {
-      run_release(h->hdr, f.head);
+      run_release(&h->g, f.head);
       atomic_fetch_add_explicit(&h->hdr->slots[h->slot].frees, 1, memory_order_relaxed);
     } else {
       CXR_ERR("heap %s: double free of pages at %p", h->hdr->name, p);
@@ -663,7 +718,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
     } else {
       atomic_fetch_add_explicit(&h->hdr->slots[h->slot].frees, 1, memory_order_relaxed);
     }
-    if (tc == NULL) central_push(h->hdr, c, f.blk);
+    if (tc == NULL) central_push(&h->g, c, f.blk);
     cxr__slot_renew(h);
     cxr__heap_unlock(h);
     if (tc == NULL) return;

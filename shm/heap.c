@@ -87,8 +87,9 @@ static int slot_take(cxr_heap *h) {
 }
 
 /* Gives slots in `r` back: their blocks per the reclaim rules, counters folded. */
-static void slots_release(cxr__hdr *hdr, const cxr__reclaim *r) {
-  cxr__heap_rebuild(hdr, r);
+static void slots_release(const cxr__geo *g, const cxr__reclaim *r) {
+  cxr__hdr *hdr = g->hdr;
+  cxr__heap_rebuild(g, r);
   for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
     if (r->gen[i] == 0) continue;
     cxr__slot *s = &hdr->slots[i];
@@ -116,7 +117,7 @@ int cxr__heap_reap_locked(cxr_heap *h) {
     r.gen[i] = s->gen;
     n++;
   }
-  if (n > 0) slots_release(hdr, &r);
+  if (n > 0) slots_release(&h->g, &r);
   return n;
 }
 
@@ -219,6 +220,7 @@ static int map_new(int fd, const cxr__hdr *hdr, const char *name, cxr__map **out
   m->addr = hdr->addr;
   m->size = hdr->size;
   m->persist = pmem2_get_persist_fn(m->pm);
+  cxr__geo_init(&m->g, (void *)hdr->addr, hdr);
   m->refs = 1;
   m->next = cxr__maps;
   cxr__maps = m;
@@ -233,10 +235,11 @@ static int handle_new(cxr__map *m, cxr_heap **out) {
   h->m = m;
   h->base = (char *)m->addr;
   h->hdr = (cxr__hdr *)m->addr;
-  h->pm = (cxr__pme *)(h->base + h->hdr->map_off);
-  h->npages = h->hdr->npages;
-  h->data_off = h->hdr->data_off;
-  h->size = h->hdr->size;
+  h->g = m->g;
+  h->pm = m->g.pm;
+  h->npages = m->g.npages;
+  h->data_off = m->g.data_off;
+  h->size = m->g.size;
   h->serial = cxr__rt_next_serial();
   h->epoch = cxr__fork_epoch;
   int rc = cxr__heap_lock(h);
@@ -275,6 +278,8 @@ static void peek_heap(const cxr__reg_entry *e, peek *pk) {
     void *p = mmap(NULL, hdr.size, PROT_READ, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED) {
       const cxr__hdr *h = p;
+      cxr__geo g;
+      cxr__geo_init(&g, p, &hdr);
       int64_t now = cxr__realtime_ns();
       for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
         const cxr__slot *s = &h->slots[i];
@@ -285,7 +290,7 @@ static void peek_heap(const cxr__reg_entry *e, peek *pk) {
         if (pk->oldest_lease == 0 || l < pk->oldest_lease) pk->oldest_lease = l;
       }
       size_t cached;
-      cxr__heap_usage(h, &pk->used, &cached);
+      cxr__heap_usage(&g, &pk->used, &cached);
       pk->ok = true;
       munmap(p, hdr.size);
     }
@@ -362,7 +367,9 @@ static void format(cxr__hdr *hdr, const char *name, uint64_t size, uint64_t addr
   pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
   pthread_mutex_init(&hdr->lock, &a);
   pthread_mutexattr_destroy(&a);
-  cxr__heap_format(hdr);
+  cxr__geo g;
+  cxr__geo_init(&g, hdr, hdr); /* not shared yet: its own fields are trusted */
+  cxr__heap_format(&g);
 }
 
 int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_heap_opts *o) {
@@ -447,6 +454,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
   tmp.addr = addr;
   tmp.size = size;
   tmp.generation = cxr__reg_next_generation(&r);
+  cxr__geometry(size, &tmp.map_off, &tmp.data_off, &tmp.npages);
   rc = map_new(fd, &tmp, name, &m);
   if (rc) goto out;
   cxr__hdr *hdr = (cxr__hdr *)addr;
@@ -550,7 +558,7 @@ static void release(cxr_heap *h, bool unmap) {
       memset(&rc, 0, sizeof rc);
       rc.gen[h->slot] = h->gen;
       rc.clean[h->slot] = true;
-      if (h->hdr->slots[h->slot].gen == h->gen) slots_release(h->hdr, &rc);
+      if (h->hdr->slots[h->slot].gen == h->gen) slots_release(&h->g, &rc);
     }
     cxr__heap_reap_locked(h);
     cxr__heap_unlock(h);
@@ -684,7 +692,7 @@ int cxr_heap_get_stats(const cxr_heap *h, cxr_heap_stats *out) {
   const cxr__hdr *hdr = h->hdr;
   out->size = h->size;
   out->capacity = h->npages * CXR_PAGE;
-  cxr__heap_usage(hdr, &out->used, &out->cached);
+  cxr__heap_usage(&h->g, &out->used, &out->cached);
   uint64_t a, f;
   cxr__tcache_counters((cxr_heap *)h, &a, &f);
   out->allocs = hdr->retired_allocs + a;

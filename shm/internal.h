@@ -16,6 +16,15 @@
 #define CXR_HANDLE_MAGIC 0x48434852u /* "RHCH" */
 #define CXR_RANGE_ALIGN (2u << 20)  /* the registry hands out 2 MiB-aligned ranges */
 
+/* A heap's geometry as validated when it was mapped: code indexes shared metadata with
+ * these copies, never with the header's fields, which every holder can write. */
+typedef struct cxr__geo {
+  cxr__hdr *hdr;
+  cxr__pme *pm;
+  char *base;
+  uint64_t npages, data_off, size;
+} cxr__geo;
+
 /* One mapping of one heap generation in this process, shared by its handles. */
 typedef struct cxr__map {
   struct cxr__map *next;
@@ -26,6 +35,7 @@ typedef struct cxr__map {
   struct pmem2_map *pm;
   pmem2_persist_fn persist;
   int refs;
+  cxr__geo g;                /* validated geometry */
 } cxr__map;
 
 /* A handle: one lease (holder slot) on one mapping. */
@@ -40,6 +50,7 @@ struct cxr_heap {
   char *base;
   cxr__pme *pm;
   uint64_t npages, data_off, size;
+  cxr__geo g;                /* the same, for the allocator's internals */
   struct cxr_heap *next;     /* open handles of this process */
 };
 
@@ -66,15 +77,17 @@ typedef struct cxr__reclaim {
   uint32_t gen[CXR_MAX_HOLDERS];
   bool clean[CXR_MAX_HOLDERS];  /* closed cleanly: allocated blocks stay (no owner) */
 } cxr__reclaim;
-void cxr__heap_format(cxr__hdr *hdr);
+void cxr__heap_format(const cxr__geo *g);
 int cxr__heap_lock(cxr_heap *h);
 extern _Thread_local int cxr__lock_reaped; /* holders reaped while recovering the lock */
 void cxr__heap_unlock(cxr_heap *h);
 /* Rebuilds free runs and central lists from page-map heads and block tags, reclaiming
  * what `r` names (may be NULL). Heap lock held. */
-void cxr__heap_rebuild(cxr__hdr *hdr, const cxr__reclaim *r);
+void cxr__heap_rebuild(const cxr__geo *g, const cxr__reclaim *r);
 /* Bytes in ALLOC and CACHED state; works on a mapping at any address. */
-void cxr__heap_usage(const cxr__hdr *hdr, size_t *used, size_t *cached);
+void cxr__heap_usage(const cxr__geo *g, size_t *used, size_t *cached);
+/* The geometry of a mapping at `base` whose header copy `hdr` was validated. */
+void cxr__geo_init(cxr__geo *g, void *base, const cxr__hdr *valid);
 /* This thread's cache for h: flush everything back (heap lock taken inside). */
 void cxr__tcache_flush(cxr_heap *h, bool drop);
 void cxr__tcache_after_fork(void);

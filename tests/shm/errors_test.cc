@@ -7,6 +7,8 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 
+#include <set>
+
 #include <cxrpc/shm.h>
 
 #include "shm/layout.h"
@@ -214,4 +216,45 @@ TEST(Errors, TooManyHolders) {
   for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) cxr_heap_close(h[i]);
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
   EXPECT_TRUE(list_dir(g_root).empty());
+}
+
+// A holder that scribbles over the allocator's shared lists (bug or hostility) must not
+// make another crash or hand out memory twice: lists are checked and rebuilt.
+TEST(Errors, DamagedFreeListsAreRebuiltNotFollowed) {
+  std::string name = uniq("damaged");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, nullptr), 0);
+  std::vector<void *> live;
+  for (int i = 0; i < 300; i++) live.push_back(cxr_heap_alloc(h, 64));
+  void *big = cxr_heap_alloc_pages(h, 64 << 10);
+  ASSERT_NE(big, nullptr);
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  std::set<void *> seen(live.begin(), live.end());
+  // A class list pointing at a live block: enough 64-byte allocations to drain this
+  // thread's cache and refill from it.
+  hdr->central[3] = (uint64_t)((char *)live[5] - (char *)hdr) - 16;
+  for (int i = 0; i < 200; i++) {
+    void *q = cxr_heap_alloc(h, 64);
+    ASSERT_NE(q, nullptr);
+    EXPECT_TRUE(seen.insert(q).second) << "handed out twice: " << q;
+  }
+  // Class lists pointing at garbage.
+  hdr->central[5] = 12345;
+  void *c5 = cxr_heap_alloc(h, 90);
+  EXPECT_NE(c5, nullptr);
+  hdr->central[7] = 1ull << 40;
+  void *c7 = cxr_heap_alloc(h, 128);
+  EXPECT_NE(c7, nullptr);
+  // The free-run list head out of range.
+  hdr->free_runs = 0xFFFFFFF0u;
+  void *p = cxr_heap_alloc_pages(h, 8192);
+  EXPECT_NE(p, nullptr);
+  EXPECT_GE(hdr->rebuilds, 3u);
+  cxr_heap_free(h, c5);
+  cxr_heap_free(h, c7);
+  for (void *q : seen) cxr_heap_free(h, q);
+  cxr_heap_free(h, p);
+  cxr_heap_free(h, big);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
