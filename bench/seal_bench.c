@@ -10,6 +10,8 @@
  *   supervised    a process under `cxrpcd run`: one raise of permissions in the window that
  *                 the supervisor answers (the cost of one decision), and seal+release under
  *                 enforcement with thresholds 1 and 1024
+ *   round trips   a no-op call between two processes through rpc: relaxed, sealed (release
+ *                 thresholds 1, 64, 1024), sandboxed (untrusted channel), sealed+sandboxed
  *
  * Usage: seal_bench [iterations, default 20000]. cxrpcd is found next to this binary in
  * Bazel's runfiles, or through $CXRPCD.
@@ -22,10 +24,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cxrpc/rpc.h>
+#include <cxrpc/seal.h>
 #include <cxrpc/sandbox.h>
 
 #define PAGE 4096u
@@ -272,6 +277,118 @@ static int supervised(const char *self, int n, double floor) {
   return 0;
 }
 
+
+/* ---- round trips through rpc ---- */
+
+#define M_NOOP 1
+static int h_noop(cxr_call *call, const void *args, void **result, void *user) {
+  (void)call, (void)args, (void)user;
+  *result = NULL;
+  return 0;
+}
+
+/* The server: a forked process serving a trusted and an untrusted channel until the
+ * parent closes the pipe. */
+static pid_t start_server(const char *name, const char *uname, int *keep) {
+  int p[2];
+  if (pipe(p) != 0) return -1;
+  pid_t pid = fork();
+  if (pid != 0) {
+    close(p[0]);
+    *keep = p[1];
+    return pid;
+  }
+  close(p[1]);
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  cxr_channel *a = NULL, *b = NULL;
+  if (cxr_channel_open(&a, name, &o) || cxr_channel_on(a, M_NOOP, h_noop, NULL) ||
+      cxr_channel_start(a))
+    _exit(1);
+  o.untrusted = true;
+  if (cxr_channel_open(&b, uname, &o) || cxr_channel_on(b, M_NOOP, h_noop, NULL) ||
+      cxr_channel_start(b))
+    _exit(1);
+  char c;
+  while (read(p[0], &c, 1) > 0) {
+  }
+  cxr_channel_close(a);
+  cxr_channel_close(b);
+  _exit(0);
+}
+
+static int connect_retry(cxr_conn **c, const char *name) {
+  int rc = CXR_ENOENT;
+  for (int i = 0; i < 500 && (rc = cxr_connect(c, name, NULL)) == CXR_ENOENT; i++) usleep(10000);
+  return rc;
+}
+
+/* n no-op calls whose argument is one page of a 2048-page pool, sealed or not. */
+static int round_trips(const char *name, const char *batch, unsigned flags, int n, stats *out) {
+  setenv("CXRPC_SEAL_BATCH", batch, 1);
+  cxr_conn *c = NULL;
+  int rc = connect_retry(&c, name);
+  if (rc) return rc;
+  enum { POOL = 2048 };
+  void **pool = calloc(POOL, sizeof *pool);
+  for (int i = 0; i < POOL && !rc; i++)
+    if (!(pool[i] = cxr_heap_alloc_pages(cxr_conn_heap(c), PAGE))) rc = CXR_ENOMEM;
+  int64_t *lat = malloc(sizeof(int64_t) * (size_t)n);
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.flags = flags;
+  o.arg_len = 64;
+  int warm = n / 10 + 100;
+  for (int i = 0; i < warm + n && !rc; i++) {
+    void *r = NULL;
+    int64_t t0 = cxr_now_ns();
+    rc = cxr_conn_call(c, M_NOOP, pool[i % POOL], &r, &o);
+    if (i >= warm) lat[i - warm] = cxr_now_ns() - t0;
+  }
+  if (!rc) {
+    *out = summarize(lat, n);
+    out->mean = out->med;
+  } else {
+    fprintf(stderr, "round trips on %s: %s\n", name, cxr_strerror(rc));
+  }
+  cxr_conn_seal_flush(c);
+  for (int i = 0; i < POOL; i++)
+    if (pool[i]) cxr_heap_free(cxr_conn_heap(c), pool[i]);
+  free(pool);
+  free(lat);
+  cxr_conn_close(c);
+  return rc;
+}
+
+static void rpc_rows(int n) {
+  char root[96], name[40], uname[40];
+  snprintf(root, sizeof root, "/dev/shm/cxrpc-sealbench-%d", getpid());
+  mkdir(root, 0700);
+  setenv("CXRPC_ROOT", root, 1);
+  snprintf(name, sizeof name, "sb%d", getpid() % 100000);
+  snprintf(uname, sizeof uname, "sbu%d", getpid() % 100000);
+  int keep = -1;
+  pid_t srv = start_server(name, uname, &keep);
+  if (srv < 0) return;
+  stats relaxed = {0, 0, 0}, s;
+  if (round_trips(name, "1024", 0, n, &relaxed) == 0) row("round trip: no-op, relaxed", relaxed, relaxed.med);
+  const char *batches[] = {"1", "64", "1024"};
+  for (int i = 0; i < 3; i++) {
+    char label[64];
+    snprintf(label, sizeof label, "round trip: sealed, batch %s", batches[i]);
+    if (round_trips(name, batches[i], CXR_CALL_SEAL, n, &s) == 0) row(label, s, relaxed.med);
+  }
+  if (round_trips(uname, "1024", 0, n, &s) == 0) row("round trip: sandboxed (untrusted channel)", s, relaxed.med);
+  if (round_trips(uname, "1024", CXR_CALL_SEAL, n, &s) == 0)
+    row("round trip: sealed+sandboxed, batch 1024", s, relaxed.med);
+  close(keep);
+  int st;
+  waitpid(srv, &st, 0);
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+}
+
 int main(int argc, char **argv) {
   if (argc == 5 && !strcmp(argv[1], "--supervised-child"))
     return supervised_child(argv[2], atoi(argv[3]), atoi(argv[4]));
@@ -301,6 +418,9 @@ int main(int argc, char **argv) {
   printf("| %-46s | %9.1f | %9s | %9s | %7s |\n", "cxr_range_check", per_op(run_range, 1000000),
          "", "", "");
   supervised(argv[0], n, floor);
+  printf("\n| %-46s | %9s | %9s | %9s | %7s |\n|---|---|---|---|---|\n", "rpc (2 processes)",
+         "median", "p99", "", "vs relaxed");
+  rpc_rows(n);
   printf("\nmachine: %ld CPUs; pkeys %s\n", sysconf(_SC_NPROCESSORS_ONLN),
          cxr_domain_supported() ? "available" : "not available (sandbox without domains)");
   return 0;
