@@ -84,6 +84,8 @@ static void completion_wake(cxr_conn *c) {
 /* Called by whoever made the outcome final: hands an armed callback to the completion
  * thread (exactly once: the CAS on cb_state decides). */
 static void fire(cxr_future *f) {
+  /* A plain (seq_cst) load first: no locked instruction when no callback is armed. */
+  if (__atomic_load_n(&f->cb_state, __ATOMIC_SEQ_CST) != CXR__CB_ARMED) return;
   uint32_t armed = CXR__CB_ARMED;
   if (!__atomic_compare_exchange_n(&f->cb_state, &armed, CXR__CB_FIRED, false, __ATOMIC_SEQ_CST,
                                    __ATOMIC_SEQ_CST))
@@ -142,7 +144,7 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
       fire(f);
       /* Wake threads of ours asleep on the ring: one of them may wait for this call. The
        * private count keeps us off the shared line the server rings. */
-      if (__atomic_fetch_add(&c->sleeping, 0, __ATOMIC_SEQ_CST) != 0) completion_wake(c);
+      if (__atomic_load_n(&c->sleeping, __ATOMIC_SEQ_CST) != 0) completion_wake(c);
       return;
     }
     if (s == CXR__F_ORPHAN) {

@@ -173,10 +173,31 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
  * if a worker is still inside it (try again on the next tick). */
 static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   cxr__cslot *s = sc->slot;
-  active_clear(ch->cb, sc->index);
-  __atomic_store_n(&sc->retiring, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&sc->inflight, __ATOMIC_SEQ_CST) != 0) return false;
-  __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
+  if (sc->snap == NULL) {
+    /* Stop workers from entering, make that visible to every thread of ours, then note
+     * where each worker is: once each has begun a later pass, none is inside (a handler
+     * still running for it keeps its worker in the old pass). */
+    active_clear(ch->cb, sc->index);
+    __atomic_store_n(&sc->retiring, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
+    cxr__process_barrier();
+    unsigned n = __atomic_load_n(&ch->wnext, __ATOMIC_ACQUIRE);
+    if (n > CXR__MAX_WORKERS) n = CXR__MAX_WORKERS;
+    sc->snap = calloc(n + 1, sizeof *sc->snap);
+    if (sc->snap == NULL) return false;
+    sc->nsnap = n;
+    for (unsigned i = 0; i < n; i++) sc->snap[i] = __atomic_load_n(&ch->wpass[i].v, __ATOMIC_ACQUIRE);
+  }
+  for (unsigned i = 0; i < sc->nsnap; i++) {
+    if (__atomic_load_n(&ch->wpass[i].v, __ATOMIC_ACQUIRE) == sc->snap[i]) {
+      /* A sleeping worker makes no passes: wake it. */
+      __atomic_fetch_add(&ch->cb->doorbell, 1, __ATOMIC_SEQ_CST);
+      cxr__futex_wake(&ch->cb->doorbell, INT_MAX);
+      if (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE)) return false;
+    }
+  }
+  free(sc->snap);
+  sc->snap = NULL;
   /* Nobody serves it now. Drop queued requests; free results the client never took. */
   cxr__desc d;
   for (uint32_t i = 0; i <= sc->req.mask && cxr__ring_pop(&sc->req, &d) == 0; i++) {
@@ -429,6 +450,8 @@ fail:
 }
 
 static int start_threads(cxr_channel *ch, unsigned workers) {
+  __atomic_store_n(&ch->wnext, 0, __ATOMIC_RELEASE);
+  for (unsigned i = 0; i < CXR__MAX_WORKERS; i++) __atomic_store_n(&ch->wpass[i].v, 0, __ATOMIC_RELEASE);
   ch->threads = calloc(workers + 1, sizeof *ch->threads);
   if (ch->threads == NULL) return CXR_ENOMEM;
   ch->nthreads = 0;
@@ -547,6 +570,7 @@ void cxr_channel_close(cxr_channel *ch) {
     sconn_destroy(ch, sc);
   }
   cxr__seal_channel_close(ch);
+  for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) free(ch->conns[k].snap);
   free(ch->conns);
   if (ch->ctl != NULL) {
     char name[CXR_NAME_MAX + 1];

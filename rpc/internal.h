@@ -98,6 +98,7 @@ static inline void cxr__cpu_relax(void) {
   __asm__ __volatile__("" ::: "memory");
 #endif
 }
+void cxr__process_barrier(void);
 /* CLOCK_MONOTONIC_COARSE: a few ns instead of ~25, at most one tick (1-4 ms) behind
  * cxr_now_ns(). "coarse > deadline" therefore still means the deadline passed. */
 int64_t cxr__coarse_ns(void);

@@ -99,8 +99,9 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
 }
 
 /* One pass over the active connections. Returns how many calls it handled. */
-static unsigned poll_once(cxr_channel *ch) {
+static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
   cxr__chan_block *cb = ch->cb;
+  __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
   unsigned words = (ch->o.max_conns + 63) / 64, n = 0;
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = CXR__LD(&cb->active[w]);
@@ -109,25 +110,23 @@ static unsigned poll_once(cxr_channel *ch) {
       bits &= bits - 1;
       if (k >= ch->o.max_conns) break;
       cxr__sconn *sc = &ch->conns[k];
-      /* Enter before looking at the rings: the manager unmaps a connection only after
-       * setting retiring and seeing inflight at 0 (both seq_cst). */
-      __atomic_fetch_add(&sc->inflight, 1, __ATOMIC_SEQ_CST);
-      if (!__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) &&
-          __atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) && cxr__ring_nonempty(&sc->req)) {
-        cxr__desc d;
-        for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
-          handle(ch, sc, &d);
-          n++;
-        }
+      /* live is checked before the rings are touched (see cxr__wpass). */
+      if (!__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) ||
+          __atomic_load_n(&sc->retiring, __ATOMIC_RELAXED) || !cxr__ring_nonempty(&sc->req))
+        continue;
+      cxr__desc d;
+      for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
+        handle(ch, sc, &d);
+        n++;
       }
-      __atomic_fetch_sub(&sc->inflight, 1, __ATOMIC_SEQ_CST);
     }
   }
   return n;
 }
 
-static bool any_request(cxr_channel *ch) {
+static bool any_request(cxr_channel *ch, cxr__wpass *ws) {
   unsigned words = (ch->o.max_conns + 63) / 64;
+  __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = CXR__LD(&ch->cb->active[w]);
     while (bits) {
@@ -135,11 +134,9 @@ static bool any_request(cxr_channel *ch) {
       bits &= bits - 1;
       if (k >= ch->o.max_conns) break;
       cxr__sconn *sc = &ch->conns[k];
-      __atomic_fetch_add(&sc->inflight, 1, __ATOMIC_SEQ_CST);
-      bool any = !__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) &&
-                 __atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) && cxr__ring_busy(&sc->req);
-      __atomic_fetch_sub(&sc->inflight, 1, __ATOMIC_SEQ_CST);
-      if (any) return true;
+      if (__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) &&
+          !__atomic_load_n(&sc->retiring, __ATOMIC_RELAXED) && cxr__ring_busy(&sc->req))
+        return true;
     }
   }
   return false;
@@ -148,12 +145,15 @@ static bool any_request(cxr_channel *ch) {
 void *cxr__worker_main(void *arg) {
   cxr_channel *ch = arg;
   cxr__chan_block *cb = ch->cb;
+  unsigned id = __atomic_fetch_add(&ch->wnext, 1, __ATOMIC_ACQ_REL);
+  if (id >= CXR__MAX_WORKERS) return NULL;
+  cxr__wpass *ws = &ch->wpass[id];
   const int64_t base_spin = cxr__spin_ns(), yield_ns = cxr__yield_ns();
   int64_t spin = base_spin;
   int64_t last = cxr_now_ns();
   unsigned empty = 0;
   while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
-    if (poll_once(ch) != 0) {
+    if (poll_once(ch, ws) != 0) {
       empty = 0;
       continue;
     }
@@ -177,7 +177,7 @@ void *cxr__worker_main(void *arg) {
     uint32_t v = __atomic_load_n(&cb->doorbell, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
     int64_t slept = cxr_now_ns();
-    if (!any_request(ch) && !__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
+    if (!any_request(ch, ws) && !__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
       cxr__futex_wait(&cb->doorbell, v, 1000000000);
     __atomic_fetch_sub(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
     last = cxr_now_ns();

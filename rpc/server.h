@@ -18,12 +18,22 @@ typedef struct cxr__sconn {
   unsigned index;
   uint32_t gen;              /* generation of the current tenancy */
   int live;                  /* atomic: workers may poll it */
-  int inflight;              /* atomic: workers inside it right now */
   int retiring;              /* atomic: the manager is taking it back */
+  uint64_t *snap;            /* workers' passes when its retirement began (manager only) */
+  unsigned nsnap;
   cxr__proc_id client;       /* owner, read once after it claimed the slot */
   size_t baseline_used;      /* heap bytes used by a fresh connection */
   bool pending, pending_dead; /* manager: a recycle waits for workers to leave */
 } cxr__sconn;
+
+/* A worker's pass counter: bumped (release) at the start of every poll pass. A pass that
+ * starts after the manager cleared `live` (and ran a process-wide barrier) never touches
+ * that connection, so once every worker moved past the pass it was in, the connection can
+ * be reused or unmapped. No locked instruction on the call path. */
+typedef struct cxr__wpass {
+  uint64_t v;
+} __attribute__((aligned(64))) cxr__wpass;
+#define CXR__MAX_WORKERS 64u
 
 typedef struct cxr__method {
   uint32_t id;
@@ -48,6 +58,8 @@ struct cxr_channel {
   pthread_t *threads;        /* workers (and the manager last) */
   unsigned nthreads;
   pthread_mutex_t lock;      /* serialises start/stop/close */
+  unsigned wnext;            /* atomic: worker ids handed out since start */
+  cxr__wpass wpass[CXR__MAX_WORKERS];
   struct cxr__rlisten *remote; /* listener for other racks (rpc/remote.c), or NULL */
   struct cxr__seal_chan *seal; /* seal tables of the slots (rpc/seal_glue.c), or NULL */
 };

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -71,4 +72,20 @@ int64_t cxr__coarse_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* A full memory barrier on every running thread of this process (membarrier), so a store
+ * made before it is seen by any load those threads make after it. Registered on first use;
+ * where membarrier is missing, a 10 ms pause (store buffers drain in microseconds). */
+void cxr__process_barrier(void) {
+  static int state; /* 0 unknown, 1 registered, -1 unavailable */
+  int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+  if (st == 0) {
+    st = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 ? 1 : -1;
+    __atomic_store_n(&state, st, __ATOMIC_RELEASE);
+  }
+  if (st < 0 || syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
 }
