@@ -332,7 +332,10 @@ static void refill(void *arg) {
     cxr_rdma_ep *ep = NULL;
     int rc = ep_from_waddr(r, probe->host, wa, &ep);
     free(wa);
-    if (rc) break;
+    if (rc) {
+      CXR_DEBUG("rdma: pool for %s: %s", probe->host, cxr_strerror(rc));
+      break;
+    }
     bool kept = false;
     pthread_mutex_lock(&r->lock);
     h = r->hosts;
@@ -348,6 +351,11 @@ static void refill(void *arg) {
       break;
     }
   }
+  pthread_mutex_lock(&r->lock);  /* whatever ended the loop, a later connect may refill */
+  for (rdma_host *h = r->hosts; h; h = h->next)
+    if (!strcmp(h->key, probe->host)) h->refilling = false;
+  pthread_mutex_unlock(&r->lock);
+  CXR_DEBUG("rdma: pool for %s refilled", probe->host);
   free(probe);
 }
 
@@ -382,6 +390,7 @@ static cxr_rdma_ep *warm(cxr_rdma *r, const char *key) {
       if (atomic_load(&e->status) == 0) ep = e;
       else e->closing = true;  /* failed while pooled: its error job frees it */
     }
+    if (ep) r->pool_hits++;
     if (ep == NULL && h->waddr && (wa = malloc(h->waddr_len)) != NULL)
       memcpy(wa, h->waddr, h->waddr_len);
   }

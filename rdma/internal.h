@@ -115,6 +115,7 @@ struct cxr_rdma {
   bool thread_started;
   atomic_bool stop;
   atomic_int waiters;
+  atomic_int asleep;   /* the progress thread sleeps on the event fd: wake it to defer */
   void (*tick)(void *);
   void *tick_user;
   int64_t spin_ns;
@@ -133,7 +134,7 @@ struct cxr_rdma {
 
   int pin_mode;
   size_t pin_budget, pinned, pinned_peak, registered;
-  uint64_t evictions, bounced, cold, warm;
+  uint64_t evictions, bounced, cold, warm, pool_hits;
   pthread_mutex_t bounce_lock;
   void *bounce;
   size_t bounce_size;

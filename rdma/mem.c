@@ -235,8 +235,12 @@ int cxr_rdma_stats_get(const cxr_rdma *cr, cxr_rdma_stats *out) {
                           .pin_budget = r->pin_budget, .registered = r->registered,
                           .evictions = r->evictions, .bounced = r->bounced,
                           .cold_connects = r->cold, .warm_connects = r->warm,
+                          .pool_hits = r->pool_hits,
                           .pin_mode = r->pin_mode};
-  for (rdma_host *h = r->hosts; h; h = h->next) out->known_hosts += h->valid;
+  for (rdma_host *h = r->hosts; h; h = h->next) {
+    out->known_hosts += h->valid;
+    out->pooled += h->npool;
+  }
   pthread_mutex_unlock(&r->lock);
   return 0;
 }

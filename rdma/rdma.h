@@ -152,7 +152,9 @@ typedef struct cxr_rdma_stats {
   uint64_t evictions;     /* idle registrations dropped to fit the budget */
   uint64_t bounced;       /* bytes moved through bounce buffers */
   uint64_t cold_connects, warm_connects;
+  uint64_t pool_hits;     /* warm connects served by a ready pooled endpoint */
   unsigned known_hosts;
+  unsigned pooled;        /* ready endpoints waiting in the pools now */
   int pin_mode;           /* the mode in force (auto resolved to always or never) */
 } cxr_rdma_stats;
 int cxr_rdma_stats_get(const cxr_rdma *r, cxr_rdma_stats *out);

@@ -142,7 +142,9 @@ static int defer(cxr_rdma *r, void (*fn)(void *), void *user, bool wake) {
   if (r->dq_tail) r->dq_tail->next = d; else r->dq_head = d;
   r->dq_tail = d;
   pthread_mutex_unlock(&r->lock);
-  if (wake) cxr__wake(r);
+  /* Only a sleeping progress thread needs the (lock-taking) worker signal; a spinning one
+   * finds the queue on its next turn. */
+  if (wake && atomic_load(&r->asleep)) cxr__wake(r);
   return 0;
 }
 
@@ -467,12 +469,15 @@ static void *progress_main(void *arg) {
     }
     ucs_status_t st = ucp_worker_arm(r->worker);
     if (st == UCS_ERR_BUSY) continue;
+    atomic_store(&r->asleep, 1);
     pthread_mutex_lock(&r->lock);
     bool queued = r->dq_head || r->mq_head;
     pthread_mutex_unlock(&r->lock);
-    if (queued) continue;
-    struct pollfd pfd = {.fd = r->efd, .events = POLLIN};
-    poll(&pfd, 1, has_tick ? 20 : 100);
+    if (!queued) {
+      struct pollfd pfd = {.fd = r->efd, .events = POLLIN};
+      poll(&pfd, 1, has_tick ? 20 : 100);
+    }
+    atomic_store(&r->asleep, 0);
     last = cxr_now_ns();
   }
   return NULL;

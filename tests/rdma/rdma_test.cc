@@ -82,13 +82,20 @@ TEST(Rdma, ConnectColdThenWarmAndEchoMessages) {
   ASSERT_EQ(e.data.size(), big.size());
   EXPECT_EQ(memcmp(e.data.data(), big.data(), big.size()), 0);
   // A second logical connection to the known host is warm, and works.
-  usleep(100000);  // let the pool fill (not needed for correctness)
+  // The progress thread fills the pool of ready endpoints in the background (bounded wait).
+  cxr_rdma_stats st;
+  for (int i = 0; i < 5000; i++) {
+    ASSERT_EQ(cxr_rdma_stats_get(r, &st), 0);
+    if (st.pooled >= 2) break;
+    usleep(1000);
+  }
+  EXPECT_EQ(st.pooled, 2u);
   cxr_rdma_ep *ep2;
   ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep2), 0);
-  cxr_rdma_stats st;
   ASSERT_EQ(cxr_rdma_stats_get(r, &st), 0);
   EXPECT_EQ(st.cold_connects, 1u);
   EXPECT_EQ(st.warm_connects, 1u);
+  EXPECT_EQ(st.pool_hits, 1u);
   EXPECT_EQ(st.known_hosts, 1u);
   ASSERT_EQ(cxr_rdma_am_send(ep2, 20, hdr, sizeof hdr, iov, 1, 0), 0);
   ASSERT_TRUE(wait_for(e.got, 3, 5 * kSec));
