@@ -9,3 +9,4 @@ bench() { echo; echo "### $*"; "${BAZEL[@]}" "$@" 2>&1 | grep -vE '^(INFO|Loadin
 bench //bench:alloc_bench
 bench //bench:seal_bench
 bench //bench:rpc_bench
+bench //bench:remote_bench
