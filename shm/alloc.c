@@ -540,11 +540,21 @@ void cxr__tcache_counters(cxr_heap *h, uint64_t *allocs, uint64_t *frees) {
 
 /* ---------------- public allocation API ---------------- */
 
+/* Out of memory (heap lock held): before giving up, give back this thread's cached blocks,
+ * recover dead holders, and return slabs left entirely free to the page pool (a rebuild).
+ * True when something may have changed. */
+static bool make_room(cxr_heap *h, tcache *t) {
+  if (t) tc_flush_locked(h, t, 0);
+  if (cxr__heap_reap_locked(h) == 0) cxr__heap_rebuild(&h->g, NULL);
+  return true;
+}
+
 static void *alloc_run(cxr_heap *h, size_t size) {
   uint64_t n64 = (size + CXR_PAGE - 1) / CXR_PAGE;
   if (size == 0) n64 = 1;
   if (n64 > h->npages) return cxr__fail_null(CXR_ENOMEM);
   uint32_t n = (uint32_t)n64;
+  tcache *t = tc_get(h); /* outside the heap lock: tc_get may take the runtime lock */
   for (int attempt = 0; attempt < 2; attempt++) {
     int rc = cxr__heap_lock(h);
     if (rc) return cxr__fail_null(rc);
@@ -557,10 +567,9 @@ static void *alloc_run(cxr_heap *h, size_t size) {
       cxr__heap_unlock(h);
       return page_addr(&h->g, (uint64_t)pg);
     }
-    /* Out of pages: recover dead holders' memory once before giving up. */
-    int reaped = attempt == 0 ? cxr__heap_reap_locked(h) : 0;
+    bool retry = attempt == 0 && make_room(h, t);
     cxr__heap_unlock(h);
-    if (reaped <= 0) break;
+    if (!retry) break;
   }
   return cxr__fail_null(CXR_ENOMEM);
 }
@@ -586,9 +595,9 @@ static cxr__blk *alloc_small_slow(cxr_heap *h, tcache *t, unsigned c) {
       cxr__heap_unlock(h);
       return t ? t->b[c][--t->n[c]] : one;
     }
-    int reaped = attempt == 0 ? cxr__heap_reap_locked(h) : 0;
+    bool retry = attempt == 0 && make_room(h, t);
     cxr__heap_unlock(h);
-    if (reaped <= 0) break;
+    if (!retry) break;
   }
   return cxr__fail_null(CXR_ENOMEM);
 }

@@ -174,12 +174,18 @@ TEST(Heap, FullHeapGivesEnomemAndRecovers) {
   cxr_heap_stats st;
   cxr_heap_stats(h, &st);
   EXPECT_EQ(st.used, 0u);
-  // Free slabs went back to pages when the lease went: a big run fits again after reopen.
-  cxr_heap_close(h);
-  ASSERT_EQ(cxr_heap_open(&h, name.c_str()), 0);
+  // Slabs left free go back to the page pool when pages run out: a big run fits again.
   void *big = cxr_heap_alloc_pages(h, 512 << 10);
   EXPECT_NE(big, nullptr);
   cxr_heap_free(h, big);
+  // And the other way round: pages freed by big runs serve small blocks.
+  std::vector<void *> runs;
+  while (void *r = cxr_heap_alloc_pages(h, 64 << 10)) runs.push_back(r);
+  EXPECT_GT(runs.size(), 8u);
+  for (void *r : runs) cxr_heap_free(h, r);
+  void *small = cxr_heap_alloc(h, 3000);
+  EXPECT_NE(small, nullptr);
+  cxr_heap_free(h, small);
   cxr_heap_close(h);
   cxr_heap_unlink(name.c_str());
 }
