@@ -5,8 +5,9 @@
  * the supervisor then decides exactly with the policy in policy.c. Lowering permissions
  * (sealing) is never sent: it stays a direct ~0.5 us call.
  *
- * Refused here outright, without a round trip: ptrace, process_vm_writev, and shared
- * file mappings outside the window (a second writable view of a heap file elsewhere).
+ * Refused here outright, without a round trip: ptrace and process_vm_writev. Shared file
+ * mappings outside the window go to the supervisor too, which refuses those of a
+ * registered heap file (the library's own, such as the pod registry, pass).
  */
 #include <errno.h>
 #include <seccomp.h>
@@ -78,7 +79,7 @@ int cxr__enforce_filter_rules(uintptr_t wbase, size_t wsize, void *ctx) {
   }
   TRY(notify_in(c, SCMP_SYS(mremap), 4, lo, hi, -1, 0, 0)); /* MREMAP_FIXED into the window */
   /* mmap: anything addressed in the window; fixed mappings from the guard or of huge
-   * length that could reach it; shared file mappings outside it are refused. */
+   * length that could reach it; shared file mappings outside it (is it a heap file?). */
   const uint64_t S = MAP_SHARED, F = MAP_FIXED, A = MAP_ANONYMOUS;
   TRY(notify_in(c, SCMP_SYS(mmap), 0, lo, hi, -1, 0, 0));
   TRY(notify_in(c, SCMP_SYS(mmap), 0, glo, lo, 3, S | F, F));         /* private fixed */
@@ -87,9 +88,9 @@ int cxr__enforce_filter_rules(uintptr_t wbase, size_t wsize, void *ctx) {
                        SCMP_A3(SCMP_CMP_MASKED_EQ, S | F, F)));
   TRY(seccomp_rule_add(c, SCMP_ACT_NOTIFY, SCMP_SYS(mmap), 2, SCMP_A1(SCMP_CMP_GT, BIG),
                        SCMP_A3(SCMP_CMP_MASKED_EQ, S | A | F, S | A | F)));
-  TRY(seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(mmap), 2, SCMP_A0(SCMP_CMP_LT, lo),
+  TRY(seccomp_rule_add(c, SCMP_ACT_NOTIFY, SCMP_SYS(mmap), 2, SCMP_A0(SCMP_CMP_LT, lo),
                        SCMP_A3(SCMP_CMP_MASKED_EQ, S | A, S)));
-  TRY(seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(mmap), 2, SCMP_A0(SCMP_CMP_GE, hi),
+  TRY(seccomp_rule_add(c, SCMP_ACT_NOTIFY, SCMP_SYS(mmap), 2, SCMP_A0(SCMP_CMP_GE, hi),
                        SCMP_A3(SCMP_CMP_MASKED_EQ, S | A, S)));
   /* Writing another process's (or, through a child, our own) memory. */
   TRY(seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ptrace), 0));

@@ -78,6 +78,8 @@ int cxr__vma_verify_sealed(int maps_fd, uint64_t a, uint64_t n, uint64_t dev, ui
                            uint64_t off);
 /* The backing (dev, ino, file offset of a) of our own mapping at a. */
 int cxr__vma_backing(uint64_t a, uint64_t *dev, uint64_t *ino, uint64_t *off);
+/* The same for process pid (0: ourselves). */
+int cxr__vma_backing_of(int pid, uint64_t a, uint64_t *dev, uint64_t *ino, uint64_t *off);
 
 /* ---- the enforcement policy (cxrpcd decides with this) ---- */
 typedef struct cxr__policy_view {
@@ -90,6 +92,9 @@ typedef struct cxr__policy_view {
   /* heaps registered for the calling process (shared mappings only at their own offsets) */
   const cxr_range *heaps;
   size_t nheaps;
+  /* for a shared file mmap: the supervisor found the fd to name a registered heap file
+   * (looked up with pidfd_getfd; a racing dup2 can fool it, see tests/sandbox/README.md) */
+  bool fd_is_heap;
 } cxr__policy_view;
 
 /* 0 to let the syscall run, or a positive errno (EPERM) to refuse it. `nr` is the x86-64

@@ -9,7 +9,9 @@
  *    (the library never remaps, and mremap(old, 0, ...) would make a second mapping);
  *  - mmap inside the window over an active seal: EPERM; a shared mapping that overlaps a
  *    registered heap but not at that heap's own file offset (an alias): EPERM; otherwise
- *    allowed (the library maps heaps and tables there).
+ *    allowed (the library maps heaps and tables there);
+ *  - a shared file mapping outside the window: EPERM if its fd names a registered heap file
+ *    (a second view of the heap the filter does not watch), else allowed (the registry).
  */
 #include <errno.h>
 #include <sys/mman.h>
@@ -51,7 +53,8 @@ int cxr__policy_decide(const cxr__policy_view *v, int nr, const uint64_t a[6]) {
       return 0;
     case SYS_mmap:
       n = pages(a[1]);
-      if (!overlaps(a[0], n, v->wbase, v->wsize)) return 0;
+      if (!overlaps(a[0], n, v->wbase, v->wsize)) /* only shared file mappings come here */
+        return ((a[3] & MAP_SHARED) && !(a[3] & MAP_ANONYMOUS) && v->fd_is_heap) ? EPERM : 0;
       if (touches_active(v, a[0], n)) return EPERM;
       if ((a[3] & MAP_SHARED) && !(a[3] & MAP_ANONYMOUS)) {
         for (size_t i = 0; i < v->nheaps; i++) {

@@ -92,7 +92,14 @@ int cxr__vma_verify_sealed(int maps_fd, uint64_t a, uint64_t n, uint64_t dev, ui
 }
 
 int cxr__vma_backing(uint64_t a, uint64_t *dev, uint64_t *ino, uint64_t *off) {
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  return cxr__vma_backing_of(0, a, dev, ino, off);
+}
+
+int cxr__vma_backing_of(int pid, uint64_t a, uint64_t *dev, uint64_t *ino, uint64_t *off) {
+  char path[64];
+  if (pid > 0) snprintf(path, sizeof path, "/proc/%d/maps", pid);
+  else snprintf(path, sizeof path, "/proc/self/maps");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return cxr__from_errno(errno);
   vma v;
   int rc = vma_at(fd, a, &v);

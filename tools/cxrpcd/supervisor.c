@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -39,6 +40,7 @@ typedef struct reg {
   void *mem;
   size_t bytes;
   cxr_range heap;
+  uint64_t heap_dev, heap_ino; /* the heap file, as the sender maps it (0: unknown) */
   int owner; /* the receiver's connection: the registration ends with it */
 } reg;
 
@@ -138,8 +140,10 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
     munmap(mem, (size_t)st.st_size);
     return rc;
   }
+  uint64_t dev = 0, ino = 0, off = 0;
+  if (m->size && cxr__vma_backing_of((int)m->pid, m->base, &dev, &ino, &off) != 0) dev = ino = 0;
   s->regs[s->nregs++] = (reg){m->pid, mem, (size_t)st.st_size,
-                              {(const void *)(uintptr_t)m->base, (size_t)m->size}, cfd};
+                              {(const void *)(uintptr_t)m->base, (size_t)m->size}, dev, ino, cfd};
   CXR_INFO("cxrpcd: seal table registered for pid %lld", (long long)m->pid);
   return 0;
 }
@@ -174,6 +178,29 @@ static void on_client(sup *s, int i) {
   if (fd >= 0) close(fd);
 }
 
+/* Whether descriptor fd of process tgid is a heap file registered for it. Looked up with
+ * pidfd_getfd: another thread of the caller can dup2 a different file into that number
+ * after we look (see the attack table), so this narrows, not closes, the alias row. */
+static bool fd_names_heap(sup *s, int64_t tgid, int fd) {
+  bool any = false;
+  for (int r = 0; r < s->nregs; r++)
+    if (s->regs[r].pid == tgid && s->regs[r].heap_ino) any = true;
+  if (!any || fd < 0) return false;
+  int pfd = (int)syscall(SYS_pidfd_open, (pid_t)tgid, 0);
+  if (pfd < 0) return false;
+  int mine = (int)syscall(SYS_pidfd_getfd, pfd, fd, 0);
+  close(pfd);
+  if (mine < 0) return false;
+  struct stat st;
+  bool heap = false;
+  if (fstat(mine, &st) == 0)
+    for (int r = 0; r < s->nregs && !heap; r++)
+      heap = s->regs[r].pid == tgid && s->regs[r].heap_ino == (uint64_t)st.st_ino &&
+             s->regs[r].heap_dev == (uint64_t)st.st_dev;
+  close(mine);
+  return heap;
+}
+
 static void on_notify(sup *s, int pi, struct seccomp_notif *req, struct seccomp_notif_resp *resp) {
   proc *p = &s->procs[pi];
   memset(req, 0, sizeof *req);
@@ -189,7 +216,10 @@ static void on_notify(sup *s, int pi, struct seccomp_notif *req, struct seccomp_
     bytes[nt++] = s->regs[r].bytes;
     if (s->regs[r].heap.len) heaps[nh++] = s->regs[r].heap;
   }
-  cxr__policy_view v = {p->wbase, p->wsize, tables, bytes, nt, heaps, nh};
+  cxr__policy_view v = {p->wbase, p->wsize, tables, bytes, nt, heaps, nh, false};
+  if (req->data.nr == SYS_mmap && (req->data.args[3] & MAP_SHARED) &&
+      !(req->data.args[3] & MAP_ANONYMOUS))
+    v.fd_is_heap = fd_names_heap(s, tgid, (int)req->data.args[4]);
   uint64_t args[6];
   for (int k = 0; k < 6; k++) args[k] = req->data.args[k];
   int err = cxr__policy_decide(&v, req->data.nr, args);
