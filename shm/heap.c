@@ -170,11 +170,14 @@ static int check_header(int fd, const cxr__reg_entry *e, cxr__hdr *out) {
   if (fsize < sizeof(cxr__hdr)) return CXR_ETRUNCATED;
   if (pread(fd, out, sizeof *out, 0) != (ssize_t)sizeof *out) return CXR_ETRUNCATED;
   if (out->magic != CXR_HEAP_MAGIC) return CXR_EBADMAGIC;
-  if (out->version != CXR_HEAP_VERSION || out->hdr_size != sizeof(cxr__hdr)) return CXR_EVERSION;
+  if (out->version != CXR_HEAP_VERSION || out->hdr_size != sizeof(cxr__hdr) ||
+      (out->flags & ~(uint32_t)(CXR_HF_KEEP_ORPHANS | CXR_HF_REMOVE_ON_CLOSE)) != 0)
+    return CXR_EVERSION;
   if (fsize < out->size) return CXR_ETRUNCATED;
   if (out->size < CXR_HEAP_MIN || out->size % CXR_PAGE || out->addr % CXR_PAGE ||
       !cxr__rt_in_window(out->addr, out->size))
     return CXR_ERANGE;
+  if (memchr(out->name, '\0', sizeof out->name) == NULL) return CXR_ECORRUPT;
   uint64_t mo, dof, np;
   cxr__geometry(out->size, &mo, &dof, &np);
   if (mo != out->map_off || dof != out->data_off || np != out->npages) return CXR_ECORRUPT;
