@@ -43,6 +43,7 @@ typedef struct cxr__ctl_ref {
   cxr_heap *heap;
   cxr__chan_block *cb;
   unsigned refs;
+  int64_t checked_ns;               /* when the server was last seen alive */
   cxr_heap *spare[CXR__SPARE_MAX];  /* connection heaps kept mapped for reconnects */
   unsigned nspare;
 } cxr__ctl_ref;

@@ -78,7 +78,12 @@ static int ctl_get(const char *channel, cxr__ctl_ref **out) {
   for (cxr__ctl_ref **p = &ctl_list; *p != NULL; p = &(*p)->next) {
     cxr__ctl_ref *r = *p;
     if (strcmp(r->name, name) != 0) continue;
-    if (ctl_usable(r->cb)) {
+    /* The server's liveness (a /proc read) is checked at most every 10 ms here; a server
+     * that died since is found by the first call within its peer timeout. */
+    int64_t now = cxr_now_ns();
+    bool fresh = now - r->checked_ns < 10000000 && CXR__LD(&r->cb->state) == CXR__CHAN_OPEN;
+    if (fresh || ctl_usable(r->cb)) {
+      if (!fresh) r->checked_ns = now;
       r->refs++;
       *p = r->next; /* most recently used first */
       r->next = ctl_list;
@@ -114,6 +119,7 @@ static int ctl_get(const char *channel, cxr__ctl_ref **out) {
     goto fail;
   }
   snprintf(r->name, sizeof r->name, "%s", name);
+  r->checked_ns = cxr_now_ns();
   r->cb = cb;
   r->refs = 1;
   r->next = ctl_list;
@@ -239,8 +245,12 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   CXR__ST(&s->client_uid, (uint32_t)getuid());
   CXR__ST(&s->since_ns, cxr_now_ns());
   CXR__ADD(&cb->connects, 1);
-  /* Refill in the background if we took the pool below its target. */
-  cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+  /* Wake the manager to refill once the pool is half used (it also refills on its own
+   * tick, every peer_timeout/2): most connects make no system call for it. */
+  unsigned ready = 0;
+  for (unsigned i = 0; i < cb->max_conns && ready * 2 <= cb->pool; i++)
+    ready += cxr__owner_state(CXR__LD(&cb->slots[i].owner)) == CXR__SLOT_READY;
+  if (ready * 2 <= cb->pool) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
 
   char heap_name[CXR_NAME_MAX + 1];
   memcpy(heap_name, s->heap, sizeof heap_name);
