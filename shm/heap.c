@@ -121,6 +121,13 @@ int cxr__heap_reap_locked(cxr_heap *h) {
   return n;
 }
 
+int cxr_heap_renew(cxr_heap *h) {
+  int rc = cxr__heap_ready(h);
+  if (rc) return rc;
+  cxr__slot_renew(h);
+  return 0;
+}
+
 int cxr_heap_reap(cxr_heap *h) {
   int rc = cxr__heap_ready(h);
   if (rc) return rc;

@@ -95,6 +95,11 @@ typedef struct cxr_heap_stats {
 int cxr_heap_get_stats(const cxr_heap *h, cxr_heap_stats *out);
 #define cxr_heap_stats(h, out) cxr_heap_get_stats((h), (out))
 
+/* Renews this holder's lease. Allocation slow paths renew it too; a process on another
+ * host of the pod (where its pid cannot be checked) must renew at least every
+ * CXRPC_LEASE_MS (default 10 s) or be treated as dead. */
+int cxr_heap_renew(cxr_heap *h);
+
 /* Recovers holders whose process died: their caches, half-done operations and (unless
  * keep_orphans) the blocks they owned. Returns how many holders were recovered (>= 0). */
 int cxr_heap_reap(cxr_heap *h);

@@ -258,3 +258,39 @@ TEST(Errors, DamagedFreeListsAreRebuiltNotFollowed) {
   cxr_heap_close(h);
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
+
+// A holder on another host cannot be checked by pid: its lease decides. (The slot is
+// forged here, as a process on another host of the pod would have written it.)
+TEST(Lease, HolderOnAnotherHostIsDeadWhenItsLeaseExpires) {
+  std::string name = uniq("lease");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, nullptr), 0);
+  ASSERT_EQ(cxr_heap_renew(h), 0);
+  EXPECT_EQ(cxr_heap_renew(nullptr), CXR_EINVAL);
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  auto forge = [&](unsigned i, int64_t lease) {
+    cxr__slot *s = &hdr->slots[i];
+    s->gen = 1000 + i;
+    s->pid = 1;  // alive here, but on another host it means nothing
+    s->start_time = 1;
+    s->host = 0x1234;
+    s->lease_ns = lease;
+    s->state = CXR_SLOT_LIVE;
+  };
+  forge(CXR_MAX_HOLDERS - 1, now - 3600ll * 1000000000);  // lease long expired
+  forge(CXR_MAX_HOLDERS - 2, now);                         // fresh lease
+  cxr_heap_stats st;
+  cxr_heap_stats(h, &st);
+  EXPECT_EQ(st.holders, 3u);
+  EXPECT_EQ(cxr_heap_reap(h), 1);
+  cxr_heap_stats(h, &st);
+  EXPECT_EQ(st.holders, 2u);
+  EXPECT_EQ((unsigned)hdr->slots[CXR_MAX_HOLDERS - 1].state, (unsigned)CXR_SLOT_FREE);
+  EXPECT_EQ((unsigned)hdr->slots[CXR_MAX_HOLDERS - 2].state, (unsigned)CXR_SLOT_LIVE);
+  hdr->slots[CXR_MAX_HOLDERS - 2].state = CXR_SLOT_FREE;
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
