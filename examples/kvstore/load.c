@@ -1,6 +1,6 @@
 /* kv_load: a YCSB-like load generator for kv_server. Each thread has its own connection and
  * runs a closed loop of calls; keys follow a Zipfian distribution (scrambled, as in YCSB).
- *   kv_load [--channel kv] [--threads 2] [--seconds 3] [--workload a|b|c] [--keys N]
+ *   kv_load [--channel kv | ucx://HOST:PORT/kv] [--threads 2] [--seconds 3] [--workload a|b|c] [--keys N]
  *           [--value-size BYTES] [--zipf THETA] [--no-preload]
  *   workload a: 50% get, 50% set;  b: 95% get, 5% set;  c: 100% get
  * Prints calls/s, hit ratio, errors and latency percentiles. Exit status 1 on errors. */
@@ -86,6 +86,9 @@ static int do_set(cxr_conn *conn, char *value, uint32_t vlen, uint64_t k) {
   cxr_call_opts_init(&o);
   o.flags = CXR_CALL_INLINE;
   o.arg_len = KV_REQ_SIZE(r.key_len);
+  cxr_range vr = {value, vlen}; /* across racks: ship the value into the server's replica */
+  o.ranges = &vr;
+  o.nranges = vlen ? 1 : 0;
   return cxr_conn_call(conn, KV_SET, &r, NULL, &o);
 }
 
@@ -107,7 +110,7 @@ static int do_get(cxr_conn *conn, uint64_t k, uint32_t vlen, bool *hit, bool *ba
     uint64_t got = 0;
     if (v->len >= 8) memcpy(&got, v->data, 8);
     *bad = v->len != vlen || (vlen >= 8 && got != k);
-    cxr_heap_free(cxr_conn_heap(conn), res);
+    cxr_conn_free(conn, res); /* in the pod: cxr_heap_free; across racks: back to the server */
   }
   return rc;
 }

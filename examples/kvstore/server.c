@@ -185,8 +185,9 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--workers") && i + 1 < argc) o.workers = (unsigned)atoi(argv[++i]);
     else if (!strcmp(argv[i], "--channel") && i + 1 < argc) name = argv[++i];
     else if (!strcmp(argv[i], "--heap") && i + 1 < argc) o.conn_heap_size = (size_t)atoi(argv[++i]) << 20;
+    else if (!strcmp(argv[i], "--listen") && i + 1 < argc) o.listen = argv[++i]; /* other racks */
     else {
-      fprintf(stderr, "usage: kv_server [--workers N] [--channel NAME] [--heap MiB]\n");
+      fprintf(stderr, "usage: kv_server [--workers N] [--channel NAME] [--heap MiB] [--listen ucx://ADDR:PORT]\n");
       return 2;
     }
   }

@@ -102,6 +102,15 @@ int cxrt_net_up(cxrt_net *net, const char *tag, int n) {
         run("ip -n %s link set lo up", net->ns[i]))
       goto fail;
   }
+  /* The kernel reports a new link "up" asynchronously (linkwatch may wait a second), and
+   * UCX ignores a device that is not up yet: wait, bounded, until every node's is. */
+  for (int i = 0; i < n; i++) {
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "ip -n %s -o link show cx0 | grep -q 'state UP'", net->ns[i]);
+    int tries = 0;
+    while (system(cmd) != 0 && ++tries < 100) usleep(50000);
+    if (tries >= 100) fprintf(stderr, "netns: %s: cx0 not up after 5 s\n", net->ns[i]);
+  }
   return 0;
 fail:
   cxrt_net_down(net);
