@@ -40,11 +40,27 @@ void cxr__conn_table_fini(cxr_conn *c) {
   c->ntab = 0;
 }
 
+/* Each thread keeps the entry it freed last (of one connection, named by its unique id):
+ * a thread making call after call takes and returns it without touching the shared free
+ * list or its lock. */
+static __thread struct {
+  uint64_t conn;
+  uint32_t index;
+} spare_entry;
+
+static uint64_t next_conn_uid = 1;
+uint64_t cxr__conn_uid(void) { return __atomic_fetch_add(&next_conn_uid, 1, __ATOMIC_RELAXED); }
+
 static cxr_future *entry_alloc(cxr_conn *c) {
-  pthread_mutex_lock(&c->lock);
   cxr_future *f = NULL;
-  if (c->nfree > 0) f = &c->tab[c->free_idx[--c->nfree]];
-  pthread_mutex_unlock(&c->lock);
+  if (spare_entry.conn == c->uid) {
+    spare_entry.conn = 0;
+    f = &c->tab[spare_entry.index];
+  } else {
+    pthread_mutex_lock(&c->lock);
+    if (c->nfree > 0) f = &c->tab[c->free_idx[--c->nfree]];
+    pthread_mutex_unlock(&c->lock);
+  }
   if (f == NULL) return NULL;
   uint32_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED) + 1;
   if (gen == 0) gen = 1;
@@ -65,6 +81,11 @@ static void entry_release(cxr_future *f) {
   cxr_conn *c = f->c;
   if (f->seal) cxr__call_release(c, f->seal);
   __atomic_store_n(&f->state, CXR__F_FREE, __ATOMIC_RELEASE);
+  if (spare_entry.conn == 0) {
+    spare_entry.conn = c->uid;
+    spare_entry.index = f->index;
+    return;
+  }
   pthread_mutex_lock(&c->lock);
   c->free_idx[c->nfree++] = f->index;
   pthread_mutex_unlock(&c->lock);

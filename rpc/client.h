@@ -64,6 +64,7 @@ struct cxr_conn {
   /* pending table: ntab == ring_slots, so responses always fit the response ring */
   struct cxr_future *tab;
   uint32_t ntab;
+  uint64_t uid;          /* unique in this process (never reused) */
   uint32_t *free_idx;
   uint32_t nfree;
   pthread_mutex_t lock;
@@ -82,6 +83,7 @@ struct cxr_conn {
 };
 
 /* call.c */
+uint64_t cxr__conn_uid(void);
 int cxr__conn_table_init(cxr_conn *c, uint32_t n);
 void cxr__conn_table_fini(cxr_conn *c);
 void cxr__conn_fail_all(cxr_conn *c, int err);

@@ -298,6 +298,7 @@ int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
   cxr_conn *c = calloc(1, sizeof *c);
   if (c == NULL) return CXR_ENOMEM;
   c->transport = t;
+  c->uid = cxr__conn_uid();
   c->default_deadline = o.default_deadline_ns;
   c->peer_timeout = o.peer_timeout_ns;
   pthread_mutex_init(&c->lock, NULL);
