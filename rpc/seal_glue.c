@@ -2,15 +2,14 @@
  * Sealed calls and sandboxed handlers: the glue between rpc/ and cxrpc/sandbox.h.
  *
  * Server: each connection slot gets a seal table (created with the slot, emptied for each
- * new tenant) whose memfd number is published in the slot (cxr__cslot.seal_fd); a channel
- * also reserves a window range ("cs.<channel>.<pid>", a heap used only for its addresses)
- * where clients under cxrpcd map their read-only view, since a supervised process may map
- * shared files only inside the window. A sealed call is checked against the client's real
- * page protections before the handler runs and marked done after it.
+ * new tenant) whose memfd number is published in the slot (cxr__cslot.seal_fd). A sealed
+ * call is checked against the client's real page protections before the handler runs and
+ * marked done after it.
  *
  * Client: the table is opened through /proc/<server>/fd/<n> (read-only; the memfd is sealed
- * against writable views) on the first sealed call, seals happen before the descriptor is
- * pushed and releases when the call's entry is freed (batched).
+ * against writable views, so the mapping may sit anywhere, even for a client under cxrpcd)
+ * on the first sealed call, seals happen before the descriptor is pushed and releases when
+ * the call's entry is freed (batched).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +28,6 @@
 #include "shm/log.h"
 
 #define TABLE_SLOTS 1024u
-#define STRIDE (64u * 1024u) /* window bytes per slot's table view */
 
 typedef struct cxr__seal_srv {
   pthread_mutex_t mu;
@@ -39,8 +37,6 @@ typedef struct cxr__seal_srv {
 } cxr__seal_srv;
 
 typedef struct cxr__seal_chan {
-  cxr_heap *space;
-  char space_name[CXR_NAME_MAX + 1];
   bool enforce, restrict_threads;
   unsigned n;
   cxr__seal_srv *srv;
@@ -49,8 +45,6 @@ typedef struct cxr__seal_chan {
 typedef struct cxr__seal_cli {
   pthread_mutex_t mu;
   cxr_seal_table *t;
-  uintptr_t map_addr; /* where our view sits inside the window (supervised), else 0 */
-  size_t map_len;
   cxr_seal_id orphans[64]; /* seals still active at the server when their call ended */
   unsigned norphans;
 } cxr__seal_cli;
@@ -75,19 +69,6 @@ static cxr__seal_chan *chan_get(cxr_channel *ch) {
   for (unsigned i = 0; i < s->n; i++) pthread_mutex_init(&s->srv[i].mu, NULL);
   s->enforce = env_on("CXRPC_ENFORCE");
   s->restrict_threads = env_on("CXRPC_SANDBOX_THREADS");
-  snprintf(s->space_name, sizeof s->space_name, "cs.%s.%d", ch->name, (int)getpid());
-  cxr_heap_opts ho;
-  cxr_heap_opts_init(&ho);
-  int rc = cxr_heap_create(&s->space, s->space_name, (size_t)s->n * STRIDE, &ho);
-  if (rc == CXR_EEXIST) { /* left by a crashed server with our pid */
-    cxr_heap_unlink(s->space_name);
-    rc = cxr_heap_create(&s->space, s->space_name, (size_t)s->n * STRIDE, &ho);
-  }
-  if (rc) {
-    CXR_WARN("channel %s: no window range for seal tables (%s): clients under cxrpcd "
-             "cannot seal", ch->name, cxr_strerror(rc));
-    s->space = NULL;
-  }
   ch->seal = s;
   return s;
 }
@@ -105,9 +86,6 @@ void cxr__seal_slot_ready(cxr_channel *ch, cxr__sconn *sc) {
     if (rc) {
       CXR_WARN("channel %s: slot %u: no seal table: %s", ch->name, sc->index, cxr_strerror(rc));
       v->t = NULL;
-    } else if (s->space) {
-      cxr__seal_table_set_map_addr(v->t, (uintptr_t)cxr_heap_base(s->space) +
-                                             (uintptr_t)sc->index * STRIDE);
     }
   } else {
     cxr__seal_table_reset(v->t);
@@ -124,10 +102,6 @@ void cxr__seal_channel_close(cxr_channel *ch) {
   for (unsigned i = 0; i < s->n; i++) {
     cxr_seal_table_close(s->srv[i].t);
     pthread_mutex_destroy(&s->srv[i].mu);
-  }
-  if (s->space) {
-    cxr_heap_close(s->space);
-    cxr_heap_unlink(s->space_name);
   }
   free(s->srv);
   free(s);
@@ -217,20 +191,11 @@ static int cli_attach(cxr_conn *c, cxr__seal_cli *k) {
   snprintf(path, sizeof path, "/proc/%d/fd/%u", (int)c->server.pid, n - 1);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT ? CXR_EPEERDEAD : cxr__from_errno(errno);
-  cxr__seal_hdr h;
-  int rc = cxr__seal_table_peek(fd, &h);
   cxr_seal_opts o;
   cxr_seal_opts_init(&o);
   const char *b = getenv("CXRPC_SEAL_BATCH");
   if (b && atoi(b) > 0) o.release_batch = (unsigned)atoi(b);
-  if (!rc && env_on("CXRPC_ENFORCED")) {
-    /* Under cxrpcd: our view goes inside the window, at the range the server reserved
-     * for this slot (our window reservation there is PROT_NONE and unused). */
-    if (h.map_addr == 0 || h.bytes > STRIDE) rc = CXR_ENOSYS;
-    else if (munmap((void *)(uintptr_t)h.map_addr, STRIDE) != 0) rc = cxr__from_errno(errno);
-    else k->map_addr = h.map_addr, k->map_len = STRIDE, o.addr = h.map_addr;
-  }
-  if (!rc) rc = cxr_seal_table_attach(&k->t, fd, &o);
+  int rc = cxr_seal_table_attach(&k->t, fd, &o);
   close(fd);
   return rc;
 }
@@ -327,9 +292,6 @@ void cxr__seal_conn_close(cxr_conn *c) {
     for (unsigned i = 0; i < k->norphans; i++) cxr_seal_table_release(k->t, k->orphans[i]);
   }
   cxr_seal_table_close(k->t); /* sweeps pending releases */
-  if (k->map_addr) /* give the range back to the window reservation */
-    mmap((void *)k->map_addr, k->map_len, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   pthread_mutex_destroy(&k->mu);
   free(k);
   c->seal = NULL;

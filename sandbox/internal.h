@@ -46,8 +46,7 @@ typedef struct cxr__seal_hdr {
   uint32_t version;
   uint32_t slots;
   uint64_t bytes;
-  uint64_t map_addr; /* where a sender under cxrpcd should map it (inside the window), or 0 */
-  uint64_t pad[4];
+  uint64_t pad[5];
 } cxr__seal_hdr;
 
 static inline size_t cxr__seal_bytes(unsigned slots) {
@@ -62,10 +61,6 @@ int cxr__seal_hdr_ok(const void *mem, size_t bytes);
 /* Receiver: every record back to free and the peer (and cxrpcd registration) dropped, for
  * the next tenant of a connection slot. */
 int cxr__seal_table_reset(cxr_seal_table *t);
-/* Receiver: publishes where senders under cxrpcd should map the table. */
-int cxr__seal_table_set_map_addr(cxr_seal_table *t, uint64_t addr);
-/* Reads a table's header from its fd without mapping it (a sender choosing where to map). */
-int cxr__seal_table_peek(int fd, cxr__seal_hdr *out);
 
 /* true if an active (or being-claimed) record of the table overlaps [a, a + n). */
 bool cxr__seal_overlaps_active(const void *mem, size_t bytes, uint64_t a, uint64_t n);

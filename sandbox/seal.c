@@ -508,21 +508,6 @@ int cxr__seal_table_reset(cxr_seal_table *t) {
   return 0;
 }
 
-int cxr__seal_table_set_map_addr(cxr_seal_table *t, uint64_t addr) {
-  if (!t || t->sender || (addr % CXR__PAGE)) return CXR_EINVAL;
-  ((cxr__seal_hdr *)t->mem)->map_addr = addr;
-  return 0;
-}
-
-int cxr__seal_table_peek(int fd, cxr__seal_hdr *out) {
-  if (fd < 0 || !out) return CXR_EINVAL;
-  if (pread(fd, out, sizeof *out, 0) != (ssize_t)sizeof *out) return CXR_ECORRUPT;
-  if (out->magic != CXR__SEAL_MAGIC) return CXR_EBADMAGIC;
-  if (out->version != CXR__SEAL_VERSION) return CXR_EVERSION;
-  if (out->map_addr % CXR__PAGE) return CXR_ECORRUPT;
-  return 0;
-}
-
 int cxr_seal_table_stats(const cxr_seal_table *t, cxr_seal_stats *o) {
   if (!t || !o) return CXR_EINVAL;
   memset(o, 0, sizeof *o);

@@ -323,7 +323,7 @@ int cxrpcd_run(const char *path, char **argv) {
     fprintf(stderr, "cxrpcd run: the supervisor refused: %s\n", cxr_strerror(rc));
     return rc;
   }
-  setenv("CXRPC_ENFORCED", "1", 1); /* the library maps its seal tables inside the window */
+  setenv("CXRPC_ENFORCED", "1", 1); /* tells the program (and its children) it is supervised */
   execvp(argv[0], argv);
   fprintf(stderr, "cxrpcd run: cannot exec %s: %s\n", argv[0], strerror(errno));
   return CXR_ENOENT;
