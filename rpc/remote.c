@@ -770,6 +770,7 @@ typedef struct rres {
 
 typedef struct rsconn {
   struct rsconn *next;
+  cxr_rdma_ep *ep;   /* the accepted endpoint it came through (NULL: a pooled one) */
   uint64_t id, token;
   uintptr_t hc_addr;
   size_t hc_size;
@@ -825,6 +826,42 @@ static void sconn_destroy(rsconn *c) {
   free(c);
 }
 
+/* A client that came through our listener went away (died or closed): its connections go
+ * too. Deferred to the progress thread, after whatever handler is running. */
+typedef struct gone_arg {
+  struct cxr__rlisten *l;
+  cxr_rdma_ep *ep;
+} gone_arg;
+
+static void reap_gone(void *arg) {
+  gone_arg g = *(gone_arg *)arg;
+  free(arg);
+  for (;;) {
+    pthread_mutex_lock(&g.l->lock);
+    rsconn *c = NULL;
+    for (rsconn **pp = &g.l->conns; *pp; pp = &(*pp)->next)
+      if ((*pp)->ep == g.ep) {
+        c = *pp;
+        *pp = c->next;
+        g.l->nconns--;
+        break;
+      }
+    pthread_mutex_unlock(&g.l->lock);
+    if (c == NULL) break;
+    CXR_INFO("remote %s: client %s gone: connection %llu reclaimed", g.l->ch->name, c->who,
+             (unsigned long long)c->id);
+    sconn_destroy(c);
+  }
+}
+
+static void on_client_gone(cxr_rdma_ep *ep, int err, void *user) {
+  gone_arg *g = malloc(sizeof *g);
+  if (g == NULL) return;
+  g->l = user;
+  g->ep = ep;
+  if (cxr_rdma_defer(g->l->r, reap_gone, g) != 0) free(g);
+}
+
 static void reply_open(cxr_rdma_msg *m, int st, uint64_t token, uint64_t id, cxr_heap *hs) {
   r_open_rep rep = {.magic = R_MAGIC, .status = st, .token = token, .conn_id = id};
   if (hs) {
@@ -863,6 +900,11 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   cxr_heap_unlink(name);  /* the file goes with our mapping, even if we crash */
   c->id = id;
   c->token = op.token;
+  c->ep = m->ref;
+  if (c->ep) {
+    cxr_rdma_ep_on_error(c->ep, on_client_gone, l);
+    if (cxr_rdma_ep_status(c->ep) != 0) on_client_gone(c->ep, cxr_rdma_ep_status(c->ep), l);
+  }
   c->hc_addr = op.heap_addr;
   c->hc_size = op.heap_size;
   snprintf(c->who, sizeof c->who, "%s", op.who);

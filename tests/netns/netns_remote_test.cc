@@ -7,6 +7,7 @@
 // connection recovers; unknown hosts and channels fail clearly within the deadline.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include <string>
@@ -148,6 +149,43 @@ TEST_F(NetnsRemote, MissingHostOrChannelFailsClearlyWithinTheDeadline) {
   ASSERT_EQ(sscanf(r.c_str(), "err %d %d", &code, &ms), 2) << r;
   EXPECT_TRUE(code == -26 || code == -12) << r;
   EXPECT_LT(ms, 3000);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+// Heap mappings of the server for remote connections ("rs.kv.*" result heaps).
+int result_heaps(pid_t pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/maps";
+  FILE *f = fopen(path.c_str(), "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "rs.kv.") != nullptr) n++;  /* also once unlinked (renamed) */
+  fclose(f);
+  return n;
+}
+
+TEST_F(NetnsRemote, ServerReclaimsAClientKilledWithItsConnectionOpen) {
+  cxrt::Proc s, a, b;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_TRUE(client(b, 3, remote()));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  ASSERT_EQ(ask(b, "connect 5000"), "ok");
+  ASSERT_EQ(ask(a, "graph 100").rfind("ok", 0), 0u);
+  ASSERT_EQ(ask(b, "graph 100").rfind("ok", 0), 0u);
+  int before = result_heaps(s.pid);
+  ASSERT_GE(before, 2);
+  a.kill9();
+  // Client a's connection (its replica and result heap) goes within a bound; b's stays.
+  int now = before;
+  for (int i = 0; i < 200 && now >= before; i++) {
+    usleep(50000);
+    now = result_heaps(s.pid);
+  }
+  EXPECT_EQ(now, before - 1);
+  EXPECT_EQ(ask(b, "graph 10").rfind("ok", 0), 0u);
+  EXPECT_EQ(b.stop(), 0);
   EXPECT_EQ(s.stop(), 0);
 }
 
