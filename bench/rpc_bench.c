@@ -39,7 +39,8 @@ static stats summarize(int64_t *v, int n) {
 }
 
 /* ---- raw floor: a flag bounced between two processes ---- */
-static stats raw_floor(int n) {
+/* Fills lat[0..n) with round trips of a flag bounced between two processes. */
+static void raw_floor(int n, int64_t *lat) {
   _Atomic uint64_t *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   _Atomic uint64_t *ping = &w[0], *pong = &w[64 / 8];
   atomic_store(ping, 0);
@@ -52,7 +53,6 @@ static stats raw_floor(int n) {
     }
     _exit(0);
   }
-  int64_t *lat = malloc(sizeof(int64_t) * (size_t)n);
   for (uint64_t i = 1; i <= (uint64_t)n + 1000; i++) {
     int64_t t0 = cxr_now_ns();
     atomic_store_explicit(ping, i, memory_order_release);
@@ -60,10 +60,7 @@ static stats raw_floor(int n) {
     if (i > 1000) lat[i - 1001] = cxr_now_ns() - t0;
   }
   waitpid(pid, NULL, 0);
-  stats s = summarize(lat, n);
-  free(lat);
   munmap((void *)w, 4096);
-  return s;
 }
 
 /* ---- unix socket ping-pong ---- */
@@ -154,8 +151,7 @@ static cxr_conn *connect_retry(const char *name) {
   return NULL;
 }
 
-static stats rpc_rtt(cxr_conn *c, int n) {
-  int64_t *lat = malloc(sizeof(int64_t) * (size_t)n);
+static void rpc_rtt(cxr_conn *c, int n, int64_t *lat) {
   for (int i = 0; i < 2000; i++) cxr_conn_call(c, M_NOOP, NULL, NULL, NULL);
   int errors = 0;
   for (int i = 0; i < n; i++) {
@@ -164,9 +160,6 @@ static stats rpc_rtt(cxr_conn *c, int n) {
     lat[i] = cxr_now_ns() - t0;
   }
   if (errors) fprintf(stderr, "rpc_bench: %d failed calls\n", errors);
-  stats s = summarize(lat, n);
-  free(lat);
-  return s;
 }
 
 typedef struct tput_arg {
@@ -273,8 +266,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   setenv("CXRPC_ROOT", root, 1);
-  const int n = 200000;
-  stats raw = raw_floor(n);
   stats uds = unix_pingpong(50000);
 
   char name[32];
@@ -286,10 +277,34 @@ int main(int argc, char **argv) {
     kill(srv, SIGKILL);
     return 1;
   }
-  stats rtt = rpc_rtt(c, n);
-  double t1 = throughput(name, 1, 1, secs);
-  double t2 = throughput(name, 2, 1, secs);
-  double t16 = throughput(name, 1, 16, secs);
+  /* The machine is shared and its vCPUs move: the floor and the call are measured in
+   * alternating rounds, and each round's ratio compares like with like. */
+  enum { ROUNDS = 7, PER = 30000 };
+  int64_t *fl = malloc(sizeof(int64_t) * ROUNDS * PER), *rl = malloc(sizeof(int64_t) * ROUNDS * PER);
+  int64_t fmed[ROUNDS], rmed[ROUNDS], ratio[ROUNDS];
+  for (int r = 0; r < ROUNDS; r++) {
+    raw_floor(PER, fl + r * PER);
+    rpc_rtt(c, PER, rl + r * PER);
+    int64_t tmp[PER];
+    memcpy(tmp, fl + r * PER, sizeof tmp);
+    fmed[r] = summarize(tmp, PER).median_us * 1000;
+    memcpy(tmp, rl + r * PER, sizeof tmp);
+    rmed[r] = summarize(tmp, PER).median_us * 1000;
+    ratio[r] = fmed[r] > 0 ? rmed[r] * 1000 / fmed[r] : 0;
+  }
+  stats raw = summarize(fl, ROUNDS * PER), rtt = summarize(rl, ROUNDS * PER);
+  qsort(ratio, ROUNDS, sizeof ratio[0], cmp_i64);
+  double rtt_ratio = ratio[ROUNDS / 2] / 1000.0, best_ratio = ratio[0] / 1000.0;
+  free(fl);
+  free(rl);
+  /* Best of three short runs: other processes on this machine only ever lower it. */
+  double t1 = 0, t2 = 0, t16 = 0;
+  for (int i = 0; i < 3; i++) {
+    double x;
+    if ((x = throughput(name, 1, 1, secs)) > t1) t1 = x;
+    if ((x = throughput(name, 2, 1, secs)) > t2) t2 = x;
+    if ((x = throughput(name, 1, 16, secs)) > t16) t16 = x;
+  }
   stats cl, con = connect_time(name, 500, &cl);
   /* Idle: a client stays connected, nobody calls. */
   usleep(300000);
@@ -312,10 +327,12 @@ int main(int argc, char **argv) {
   printf("%-44s %12.3f %12.3f %10.2f\n", "unix socket ping-pong, 64 B", uds.median_us, uds.p99_us,
          uds.median_us / raw.median_us);
   printf("%-44s %12.3f %12.3f %10.2f\n", "cxrpc no-op call, 1 client thread", rtt.median_us,
-         rtt.p99_us, rtt.median_us / raw.median_us);
+         rtt.p99_us, rtt_ratio);
+  printf("  (x floor: median over %d alternating rounds of the per-round ratio; best round %.2f)\n",
+         ROUNDS, best_ratio);
   printf("%-44s %12.3f %12.3f\n", "cxrpc connect (from the ready pool)", con.median_us, con.p99_us);
   printf("%-44s %12.3f %12.3f\n", "cxrpc close", cl.median_us, cl.p99_us);
-  printf("%-44s %12s\n", "throughput", "calls/s");
+  printf("%-44s %12s\n", "throughput (best of 3 runs)", "calls/s");
   printf("%-44s %12.0f\n", "cxrpc no-op, 1 client thread", t1);
   printf("%-44s %12.0f\n", "cxrpc no-op, 2 client threads", t2);
   printf("%-44s %12.0f\n", "cxrpc no-op, 1 thread, 16 in flight", t16);

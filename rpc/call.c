@@ -95,6 +95,14 @@ static void result_free(cxr_conn *c, void *p) {
   if (p != NULL && cxr_heap_contains(c->heap, p, 1)) cxr_heap_free(c->heap, p);
 }
 
+/* The outcome of a final call: the server's answer (REPLIED) or a local one. */
+static int out_err(const cxr_future *f) {
+  return __atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_REPLIED ? f->rerr : f->err;
+}
+static void *out_result(const cxr_future *f) {
+  return __atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_REPLIED ? f->rresult : f->result;
+}
+
 /* ---- callbacks ---- */
 
 static void completion_wake(cxr_conn *c) {
@@ -154,14 +162,15 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
   for (;;) {
     uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
     if (s == CXR__F_PENDING) {
-      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
+      /* The answer goes to fields only we write, then one CAS publishes it (expire()
+       * writes err/result only after winning its own CAS). */
+      f->rerr = status;
+      f->rresult = ptr;
+      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_REPLIED, false, __ATOMIC_SEQ_CST,
                                        __ATOMIC_ACQUIRE))
         continue;
-      f->err = status;
-      f->result = ptr;
       if (status == CXR_ETIMEDOUT) CXR__ADD(&ctr->timeouts, 1); /* expired in the queue */
       else if (status != 0) CXR__ADD(&ctr->errors, 1);
-      __atomic_store_n(&f->state, CXR__F_DONE, __ATOMIC_SEQ_CST);
       fire(f);
       /* Wake threads of ours asleep on the ring: one of them may wait for this call. The
        * private count keeps us off the shared line the server rings. */
@@ -208,7 +217,9 @@ void cxr__conn_fail_all(cxr_conn *c, int err) {
   for (uint32_t i = 0; c->tab != NULL && i < c->ntab; i++) expire(&c->tab[i], err);
 }
 
-static bool final(uint32_t s) { return s == CXR__F_DONE || s == CXR__F_ORPHAN; }
+static bool final(uint32_t s) {
+  return s == CXR__F_DONE || s == CXR__F_ORPHAN || s == CXR__F_REPLIED;
+}
 
 /* Waits until f has an outcome, its deadline passes, the peer dies, or `until` (absolute)
  * passes. Returns 0 when f is final, CXR_EAGAIN when `until` passed first. */
@@ -336,9 +347,9 @@ int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
   int rc = cxr_conn_call_async(c, method, args, &f, o);
   if (rc != 0) return rc;
   wait_entry(c, f, INT64_MAX);
-  rc = f->err;
+  rc = out_err(f);
   if (result != NULL) {
-    *result = f->result;
+    *result = out_result(f);
     f->taken = true;
   }
   cxr_future_free(f);
@@ -367,10 +378,10 @@ int cxr_future_poll(cxr_future *f, void **result) {
     if (!final(s)) return CXR_EAGAIN;
   }
   if (result) {
-    *result = f->result;
+    *result = out_result(f);
     f->taken = true;
   }
-  return f->err;
+  return out_err(f);
 }
 
 int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
@@ -381,10 +392,10 @@ int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
   if (until < 0) until = INT64_MAX;
   if (wait_entry(f->c, f, until) != 0) return CXR_EAGAIN;
   if (result) {
-    *result = f->result;
+    *result = out_result(f);
     f->taken = true;
   }
-  return f->err;
+  return out_err(f);
 }
 
 int cxr_future_cancel(cxr_future *f) {
@@ -412,7 +423,8 @@ void cxr_future_free(cxr_future *f) {
         if (expire(f, CXR_ECANCELED)) CXR__ADD(&f->c->slot->cli.cancels, 1);
         continue;
       case CXR__F_DONE:
-        if (!f->taken && f->result != NULL) result_free(f->c, f->result);
+      case CXR__F_REPLIED:
+        if (!f->taken && out_result(f) != NULL) result_free(f->c, out_result(f));
         if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) == CXR__CB_ARMED) {
           __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELEASE);
           __atomic_fetch_sub(&f->c->armed, 1, __ATOMIC_SEQ_CST);
@@ -446,8 +458,8 @@ static void run_callbacks(cxr_conn *c) {
     pthread_mutex_unlock(&c->qlock);
     if (f == NULL) return;
     void (*cb)(int, void *, void *) = f->cb;
-    void *user = f->cb_user, *result = f->result;
-    int err = f->err;
+    void *user = f->cb_user, *result = out_result(f);
+    int err = out_err(f);
     f->taken = true;
     cb(err, result, user); /* may free f: not touched after this */
   }
@@ -511,7 +523,7 @@ int cxr_future_then(cxr_future *f, void (*cb)(int err, void *result, void *user)
   if (final(s)) { /* already done: run it now, in the caller */
     __atomic_store_n(&f->cb_state, CXR__CB_FIRED, __ATOMIC_RELEASE);
     f->taken = true;
-    cb(f->err, f->result, user);
+    cb(out_err(f), out_result(f), user);
     return 0;
   }
   pthread_mutex_lock(&c->qlock);

@@ -15,6 +15,7 @@ enum {
   CXR__F_DONE = 3,       /* outcome final and no response is due any more */
   CXR__F_ORPHAN = 4,     /* outcome final (timeout, cancel, dead peer), response still due */
   CXR__F_ABANDONED = 5,  /* the user freed it while its response is still due */
+  CXR__F_REPLIED = 6,    /* the server's answer is in rerr/rresult; no response is due */
 };
 enum { CXR__CB_NONE = 0, CXR__CB_ARMED = 1, CXR__CB_FIRED = 2 };
 
@@ -25,6 +26,8 @@ struct cxr_future {
   uint32_t cb_state;     /* atomic CXR__CB_* */
   int err;
   bool taken;            /* the result was handed to the user */
+  int rerr;              /* the answer (state REPLIED), written only by the deliverer */
+  void *rresult;
   void *result;
   int64_t deadline;
   uint32_t seal;

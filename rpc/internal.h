@@ -76,6 +76,8 @@ void cxr__ring_init(cxr__ring *r, cxr__desc *d, uint32_t slots);
 int cxr__ring_push(const cxr__rview *v, const cxr__desc *in);
 /* 0, or CXR_EAGAIN when empty. The slot is copied out before it is released. */
 int cxr__ring_pop(const cxr__rview *v, cxr__desc *out);
+/* The same when this thread is the ring's only consumer: no locked instruction. */
+int cxr__ring_pop_single(const cxr__rview *v, cxr__desc *out);
 bool cxr__ring_nonempty(const cxr__rview *v);
 /* Pushed or being pushed and not yet popped (seq_cst loads of tail and head): what a
  * sleeper checks after announcing itself, see cxr__bell_after_push. */

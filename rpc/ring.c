@@ -76,6 +76,18 @@ int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
   return CXR_EAGAIN;
 }
 
+int cxr__ring_pop_single(const cxr__rview *v, cxr__desc *out) {
+  uint64_t pos = CXR__LDX(&v->r->head);
+  cxr__desc *d = &v->d[pos & v->mask];
+  if (CXR__LD(&d->seq) != pos + 1) return CXR_EAGAIN;
+  memcpy(out, d, offsetof(cxr__desc, data));
+  if ((out->flags & CXR_CALL_INLINE) && out->len <= CXR__INLINE_MAX)
+    memcpy(out->data, d->data, out->len);
+  CXR__ST(&v->r->head, pos + 1);
+  CXR__ST(&d->seq, pos + (uint64_t)v->mask + 1);
+  return 0;
+}
+
 bool cxr__ring_nonempty(const cxr__rview *v) {
   uint64_t pos = CXR__LDX(&v->r->head);
   return CXR__LD(&v->d[pos & v->mask].seq) == pos + 1;

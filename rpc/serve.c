@@ -115,7 +115,10 @@ static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
           __atomic_load_n(&sc->retiring, __ATOMIC_RELAXED) || !cxr__ring_nonempty(&sc->req))
         continue;
       cxr__desc d;
-      for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
+      /* One worker: it is the request rings' only consumer. */
+      for (int i = 0; i < BATCH && (ch->o.workers == 1 ? cxr__ring_pop_single(&sc->req, &d)
+                                                        : cxr__ring_pop(&sc->req, &d)) == 0;
+           i++) {
         handle(ch, sc, &d);
         n++;
       }
