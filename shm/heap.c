@@ -423,6 +423,11 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
     rc = CXR_EEXIST;
     goto out;
   }
+  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++)
+    if (r.f->e[i].used && strcmp(r.f->e[i].path, path) == 0) {
+      rc = CXR_EEXIST; /* an explicit path (device) already holds another heap */
+      goto out;
+    }
   if ((e = cxr__reg_slot(&r)) == NULL) {
     rc = CXR_EFULL;
     goto out;

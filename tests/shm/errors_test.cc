@@ -189,6 +189,11 @@ TEST(Errors, ExplicitPathLikeADaxDeviceWithCacheLinePersistence) {
   });
   ASSERT_EQ(wait_child(pid), 0);
   cxr_heap *h = nullptr;
+  // The path already holds a heap: another name cannot take it.
+  cxr_heap_opts o;
+  cxr_heap_opts_init(&o);
+  o.path = path.c_str();
+  EXPECT_EQ(cxr_heap_create(&h, uniq("dax-other").c_str(), 2 << 20, &o), CXR_EEXIST);
   ASSERT_EQ(cxr_heap_open(&h, name.c_str()), 0);
   EXPECT_STREQ((char *)cxr_heap_get_root(h), "persisted");
   cxr_heap_info info[8];
