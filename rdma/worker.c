@@ -564,8 +564,9 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
         .conn_handler = {.cb = cxr__conn_cb, .arg = r}};
     st = ucp_listener_create(r->worker, &lp, &r->listener);
     if (st != UCS_OK) {
-      CXR_ERR("rdma: cannot listen on %s: %s", o->listen, ucs_status_string(st));
-      rc = st == UCS_ERR_BUSY ? CXR_EADDRINUSE : cxr__rdma_status(st);
+      CXR_ERR("rdma: cannot listen on %s: %s", o->listen,
+              st == UCS_ERR_BUSY ? "port in use" : ucs_status_string(st));
+      rc = st == UCS_ERR_BUSY ? CXR_EBUSY : cxr__rdma_status(st);
       goto fail;
     }
     ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};

@@ -34,50 +34,7 @@
 #include "rpc/server.h"
 #include "shm/log.h"
 
-enum { R_OPEN = 32, R_OPEN_REP = 33, R_CALL = 34, R_CALL_REP = 35, R_CLOSE = 36 };
-#define R_MAGIC 0x31525843u /* "CXR1" */
-#define R_MAX_RANGES 65536u
-#define R_MAX_REL 1024u
-
-typedef struct r_open {
-  uint32_t magic, version;
-  uint64_t token;
-  uint64_t heap_addr, heap_size;
-  char chan[CXR__CHAN_NAME_MAX + 1];
-  char who[63];  /* "hostname/pid" of the client, for cxr_call_peer */
-} r_open;
-
-typedef struct r_open_rep {
-  uint32_t magic;
-  int32_t status;
-  uint64_t token, conn_id;
-  uint64_t rs_addr, rs_size;
-} r_open_rep;
-
-typedef struct r_call {
-  uint32_t magic, method;
-  uint64_t conn_id, call_id;
-  uint64_t args, arg_len;
-  int64_t deadline_rel;
-  uint32_t flags, nranges, nrel, inline_len;
-} r_call;
-
-typedef struct r_call_rep {
-  uint32_t magic;
-  int32_t status;
-  uint64_t token, call_id;
-  uint64_t result;
-  uint32_t nranges, pad;
-} r_call_rep;
-
-typedef struct r_close {
-  uint32_t magic, pad;
-  uint64_t conn_id;
-} r_close;
-
-typedef struct r_range {
-  uint64_t addr, len;
-} r_range;
+#include "rpc/remote_wire.h"
 
 static bool inside(uint64_t a, uint64_t len, uintptr_t base, size_t size) {
   return a >= base && len <= size && a - base <= size - len;

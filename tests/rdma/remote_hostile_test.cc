@@ -1,0 +1,230 @@
+// A hostile or broken peer talking to a channel's UCX listener with hand-made messages:
+// every bad address, length, count and id gets an error reply (or is dropped) and the
+// server keeps serving a well-behaved client afterwards. Real server process, loopback.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include <cxrpc/rdma.h>
+#include "rpc/remote_wire.h"
+#include "tests/rdma/proc.h"
+
+namespace {
+
+struct Replies {
+  std::atomic<int> opens{0}, calls{0};
+  std::atomic<int> open_status{1}, call_status{1};
+  std::atomic<uint64_t> conn_id{0};
+};
+
+void on_open_rep(cxr_rdma_msg *m, void *user) {
+  Replies *r = (Replies *)user;
+  size_t hl;
+  const r_open_rep *h = (const r_open_rep *)cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h) return;
+  r->conn_id = h->conn_id;
+  r->open_status = h->status;
+  r->opens++;
+}
+
+void on_call_rep(cxr_rdma_msg *m, void *user) {
+  Replies *r = (Replies *)user;
+  size_t hl;
+  const r_call_rep *h = (const r_call_rep *)cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h) return;
+  r->call_status = h->status;
+  r->calls++;
+}
+
+bool wait_count(std::atomic<int> &v, int n) {
+  for (int i = 0; i < 5000 && v.load() < n; i++) usleep(1000);
+  return v.load() >= n;
+}
+
+// Where pod k's slice of the address window starts (16 slices, as shm cuts it).
+uintptr_t slice_of(unsigned k) {
+  uintptr_t lo = 0x600000000000ull, hi = 0x700000000000ull;
+  const char *w = getenv("CXRPC_WINDOW");
+  if (w && *w) sscanf(w, "%lx-%lx", (unsigned long *)&lo, (unsigned long *)&hi);
+  uintptr_t slice = ((hi - lo) / 16) & ~(uintptr_t)((2u << 20) - 1);
+  return lo + k * slice;
+}
+// Pod 5's slice (the server is pod 1): free on the server's side.
+uintptr_t pod5_slice() { return slice_of(5); }
+
+class Hostile : public ::testing::Test {
+ protected:
+  cxrt::Proc server;
+  std::string host, root;
+  cxr_rdma *r = nullptr;
+  cxr_rdma_ep *ep = nullptr;
+  Replies rep;
+  uint64_t next_call = 1;
+
+  void SetUp() override {
+    const char *t = getenv("TEST_TMPDIR");
+    root = std::string(t ? t : "/tmp") + "/hostile";
+    mkdir(root.c_str(), 0700);
+    // A port of our own: loopback is shared by the suites running in parallel.
+    for (int tries = 0; tries < 20; tries++) {
+      int port = 20000 + (int)((getpid() * 7 + tries * 101) % 30000);
+      host = "127.0.0.1:" + std::to_string(port);
+      cxrt::Proc p;
+      ASSERT_TRUE(p.start({"tests/netns/remote_peer", "server", "kv", "ucx://" + host},
+                          {"CXRPC_ROOT=" + root, "CXRPC_POD=1"}));
+      if (p.line(15000) == "READY") {
+        std::swap(server.pid, p.pid);
+        std::swap(server.in, p.in);
+        std::swap(server.out, p.out);
+        break;
+      }
+    }
+    ASSERT_GT(server.pid, 0);
+    ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+    ASSERT_EQ(cxr_rdma_am_set(r, R_OPEN_REP, on_open_rep, &rep), 0);
+    ASSERT_EQ(cxr_rdma_am_set(r, R_CALL_REP, on_call_rep, &rep), 0);
+    ASSERT_EQ(cxr_rdma_connect(r, host.c_str(), 0, &ep), 0);
+  }
+  void TearDown() override {
+    if (ep) cxr_rdma_ep_close(ep);
+    if (r) cxr_rdma_close(r);
+  }
+
+  int open(const char *chan, uint64_t addr, uint64_t size) {
+    r_open o = {};
+    o.magic = R_MAGIC;
+    o.version = 1;
+    o.token = 77;
+    o.heap_addr = addr;
+    o.heap_size = size;
+    snprintf(o.chan, sizeof o.chan, "%s", chan);
+    int n = rep.opens.load();
+    if (cxr_rdma_am_send(ep, R_OPEN, &o, sizeof o, nullptr, 0, 0) != 0) return 1;
+    if (!wait_count(rep.opens, n + 1)) return 2;
+    return rep.open_status.load();
+  }
+  // Sends a call with the given header fields and raw data; the server's status, or 2 if
+  // nothing came back.
+  int call(r_call h, const std::vector<char> &data) {
+    h.magic = R_MAGIC;
+    h.call_id = next_call++ << 32 | 1;
+    if (h.deadline_rel == 0) h.deadline_rel = 1000000000;
+    struct iovec iov = {(void *)data.data(), data.size()};
+    int n = rep.calls.load();
+    if (cxr_rdma_am_send(ep, R_CALL, &h, sizeof h, data.empty() ? nullptr : &iov,
+                         data.empty() ? 0 : 1, 0) != 0)
+      return 1;
+    if (!wait_count(rep.calls, n + 1)) return 2;
+    return rep.call_status.load();
+  }
+  static void put_range(std::vector<char> &d, uint64_t addr, uint64_t len) {
+    r_range g = {addr, len};
+    d.insert(d.end(), (char *)&g, (char *)&g + sizeof g);
+  }
+};
+
+TEST_F(Hostile, BadOpensAreRefused) {
+  EXPECT_EQ(open("nope", pod5_slice(), 1 << 20), CXR_ENOENT);
+  EXPECT_EQ(open("kv", 0x1000, 1 << 20), CXR_ERANGE);            // outside the window
+  EXPECT_EQ(open("kv", pod5_slice() + 12, 1 << 20), CXR_ERANGE);  // not page aligned
+  EXPECT_EQ(open("kv", pod5_slice(), 0), CXR_ERANGE);
+  EXPECT_EQ(open("kv", pod5_slice(), ~0ull & ~4095ull), CXR_ERANGE);  // absurd size
+  // Over the server's own heaps (pod 1's slice starts with its channel heap).
+  EXPECT_EQ(open("kv", slice_of(1), 1 << 20), CXR_EADDRINUSE);
+  EXPECT_EQ(open("kv", pod5_slice(), 1 << 20), 0);
+  // The same range twice: refused, the first replica is not disturbed.
+  EXPECT_EQ(open("kv", pod5_slice(), 1 << 20), CXR_EADDRINUSE);
+}
+
+TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
+  uint64_t base = pod5_slice();
+  ASSERT_EQ(open("kv", base, 1 << 20), 0);
+  uint64_t id = rep.conn_id.load();
+  r_call h = {};
+  h.conn_id = id;
+  h.method = 2;  // the peer's no-op
+  std::vector<char> d;
+  EXPECT_EQ(call(h, d), 0);  // a good call first
+
+  // A range outside the replica.
+  d.clear();
+  put_range(d, base + (1 << 20) - 8, 16);
+  d.resize(d.size() + 16);
+  h.nranges = 1;
+  EXPECT_EQ(call(h, d), CXR_EBADPTR);
+  // Ranges that claim more bytes than were sent, or fewer.
+  d.clear();
+  put_range(d, base + 4096, 64);
+  d.resize(d.size() + 10);
+  EXPECT_EQ(call(h, d), CXR_EPROTO);
+  d.resize(d.size() + 100);
+  EXPECT_EQ(call(h, d), CXR_EPROTO);
+  // Lengths whose sum wraps around.
+  d.clear();
+  put_range(d, base + 4096, ~0ull);
+  put_range(d, base + 4096, 2);
+  d.resize(d.size() + 1);
+  h.nranges = 2;
+  EXPECT_NE(call(h, d), 0);
+  // A count far beyond the data, and beyond any limit.
+  d.assign(64, 0);
+  h.nranges = 1000000;
+  EXPECT_EQ(call(h, d), CXR_EPROTO);
+  h.nranges = 0;
+  h.nrel = 1u << 30;
+  EXPECT_EQ(call(h, d), CXR_EPROTO);
+  h.nrel = 0;
+  h.inline_len = 4096;
+  EXPECT_EQ(call(h, d), CXR_EPROTO);
+  h.inline_len = 0;
+  // Arguments pointing outside the replica; an unknown method; an unknown connection.
+  d.clear();
+  h.args = 0x1000;
+  h.arg_len = 8;
+  EXPECT_EQ(call(h, d), CXR_EBADPTR);
+  h.args = 0;
+  h.arg_len = 0;
+  h.method = 999;
+  EXPECT_EQ(call(h, d), CXR_ENOMETHOD);
+  h.method = 2;
+  h.conn_id = id + 1000;
+  EXPECT_EQ(call(h, d), CXR_ECLOSED);
+  h.conn_id = id;
+  // A deadline already gone: not run.
+  h.deadline_rel = -5;
+  EXPECT_EQ(call(h, d), CXR_ETIMEDOUT);
+  h.deadline_rel = 0;
+  // Releases of results that do not exist are ignored.
+  d.clear();
+  uint64_t bogus[3] = {0, 0x1000, ~0ull};
+  d.insert(d.end(), (char *)bogus, (char *)bogus + sizeof bogus);
+  h.nrel = 3;
+  EXPECT_EQ(call(h, d), 0);
+  h.nrel = 0;
+  // A header of the wrong size is dropped without an answer.
+  char junk[3] = {1, 2, 3};
+  EXPECT_EQ(cxr_rdma_am_send(ep, R_CALL, junk, sizeof junk, nullptr, 0, 0), 0);
+  EXPECT_EQ(cxr_rdma_am_send(ep, R_OPEN, junk, sizeof junk, nullptr, 0, 0), 0);
+  // Still serving: a good call and a real client.
+  d.clear();
+  EXPECT_EQ(call(h, d), 0);
+  cxrt::Proc c;
+  ASSERT_TRUE(c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
+                      {"CXRPC_ROOT=" + root + "c", "CXRPC_POD=2"}));
+  mkdir((root + "c").c_str(), 0700);
+  ASSERT_EQ(c.line(15000), "READY");
+  c.say("connect 5000");
+  EXPECT_EQ(c.line(15000), "ok");
+  c.say("graph 50");
+  EXPECT_EQ(c.line(15000).rfind("ok", 0), 0u);
+  EXPECT_EQ(c.stop(), 0);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+}  // namespace
