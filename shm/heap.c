@@ -1,11 +1,11 @@
 /*
  * Heaps: files under the pod root (or an explicit file / DAX device) mapped through
- * libpmem2 at the address recorded in their header, one lease (holder slot) per handle,
- * dead-holder recovery, and removal with the last holder.
+ * libpmem2 at the address recorded in their header (every header field checked first),
+ * create / open / close / unlink, and the accessors. Leases are in lease.c, removal of
+ * heaps nobody holds in sweep.c.
  *
  * Lock order: runtime mutex -> registry flock -> heap mutex.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -23,7 +23,7 @@
 unsigned cxr__rt_pod(void);
 
 /* Bounded copy that always terminates (names and paths were length-checked before). */
-static void copy_str(char *dst, size_t cap, const char *src) {
+void cxr__copy_str(char *dst, size_t cap, const char *src) {
   size_t n = strnlen(src, cap - 1);
   memcpy(dst, src, n);
   dst[n] = '\0';
@@ -43,122 +43,9 @@ static int check_name(const char *name) {
   return 0;
 }
 
-/* ---------------- leases ---------------- */
-
-void cxr__slot_renew(cxr_heap *h) {
-  atomic_store_explicit(&h->hdr->slots[h->slot].lease_ns, cxr__realtime_ns(),
-                        memory_order_relaxed);
-}
-
-static bool slot_dead(const cxr__slot *s, int64_t now) {
-  cxr__proc_id id = {.pid = s->pid, .start_time = s->start_time, .host = s->host};
-  if (s->host == cxr__host_id()) return !cxr__proc_alive(&id);
-  /* Another host: only the lease tells. */
-  return now - atomic_load(&s->lease_ns) > cxr__lease_ns();
-}
-
-static int slot_take(cxr_heap *h) {
-  cxr__proc_id me;
-  int rc = cxr__proc_self_id(&me);
-  if (rc) return rc;
-  cxr__hdr *hdr = h->hdr;
-  for (int attempt = 0; attempt < 2; attempt++) {
-    for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
-      cxr__slot *s = &hdr->slots[i];
-      if (atomic_load(&s->state) != CXR_SLOT_FREE) continue;
-      uint32_t gen = ++hdr->slot_gen_next;
-      if (gen == 0) gen = ++hdr->slot_gen_next;
-      s->gen = gen;
-      s->pid = me.pid;
-      s->start_time = me.start_time;
-      s->host = me.host;
-      atomic_store(&s->allocs, 0);
-      atomic_store(&s->frees, 0);
-      atomic_store(&s->lease_ns, cxr__realtime_ns());
-      atomic_store(&s->state, CXR_SLOT_LIVE); /* commit */
-      h->slot = i;
-      h->gen = gen;
-      h->epoch = cxr__fork_epoch;
-      return 0;
-    }
-    if (cxr__heap_reap_locked(h) <= 0) break;
-  }
-  return CXR_EFULL;
-}
-
-/* Gives slots in `r` back: their blocks per the reclaim rules, counters folded. */
-static void slots_release(const cxr__geo *g, const cxr__reclaim *r) {
-  cxr__hdr *hdr = g->hdr;
-  cxr__heap_rebuild(g, r);
-  for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
-    if (r->gen[i] == 0) continue;
-    cxr__slot *s = &hdr->slots[i];
-    hdr->retired_allocs += atomic_load(&s->allocs);
-    hdr->retired_frees += atomic_load(&s->frees);
-    atomic_store(&s->allocs, 0);
-    atomic_store(&s->frees, 0);
-    atomic_store(&s->state, CXR_SLOT_FREE);
-  }
-}
-
-int cxr__heap_reap_locked(cxr_heap *h) {
-  cxr__hdr *hdr = h->hdr;
-  cxr__reclaim r;
-  memset(&r, 0, sizeof r);
-  int n = 0;
-  int64_t now = cxr__realtime_ns();
-  for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
-    cxr__slot *s = &hdr->slots[i];
-    if (atomic_load(&s->state) != CXR_SLOT_LIVE) continue;
-    if (i == h->slot && s->gen == h->gen && h->epoch == cxr__fork_epoch) continue;
-    if (!slot_dead(s, now)) continue;
-    CXR_INFO("heap %s: holder pid %d (slot %u) is dead; recovering its memory", hdr->name,
-             s->pid, i);
-    r.gen[i] = s->gen;
-    n++;
-  }
-  if (n > 0) slots_release(&h->g, &r);
-  return n;
-}
-
-int cxr_heap_renew(cxr_heap *h) {
-  int rc = cxr__heap_ready(h);
-  if (rc) return rc;
-  cxr__slot_renew(h);
-  return 0;
-}
-
-int cxr_heap_reap(cxr_heap *h) {
-  int rc = cxr__heap_ready(h);
-  if (rc) return rc;
-  cxr__lock_reaped = 0;
-  rc = cxr__heap_lock(h);
-  if (rc) return rc;
-  int n = cxr__heap_reap_locked(h) + cxr__lock_reaped;
-  cxr__lock_reaped = 0;
-  cxr__slot_renew(h);
-  cxr__heap_unlock(h);
-  return n;
-}
-
-int cxr__heap_reattach(cxr_heap *h) {
-  cxr__rt_lock();
-  int rc = 0;
-  if (h->epoch != cxr__fork_epoch) {
-    rc = cxr__heap_lock(h);
-    if (rc == 0) {
-      rc = slot_take(h);
-      cxr__heap_unlock(h);
-    }
-    if (rc == 0) CXR_DEBUG("heap %s: inherited over fork, new lease in slot %u", h->hdr->name, h->slot);
-  }
-  cxr__rt_unlock();
-  return rc;
-}
-
 /* ---------------- header checks ---------------- */
 
-static int file_size(int fd, uint64_t *size) {
+int cxr__file_size(int fd, uint64_t *size) {
   struct pmem2_source *src;
   size_t s = 0;
   if (pmem2_source_from_fd(&src, fd) != 0) return CXR_EIO;
@@ -170,9 +57,9 @@ static int file_size(int fd, uint64_t *size) {
 }
 
 /* Every field of the header, before anything is mapped at the address it names. */
-static int check_header(int fd, const cxr__reg_entry *e, cxr__hdr *out) {
+int cxr__check_header(int fd, const cxr__reg_entry *e, cxr__hdr *out) {
   uint64_t fsize;
-  int rc = file_size(fd, &fsize);
+  int rc = cxr__file_size(fd, &fsize);
   if (rc) return rc;
   if (fsize < sizeof(cxr__hdr)) return CXR_ETRUNCATED;
   if (pread(fd, out, sizeof *out, 0) != (ssize_t)sizeof *out) return CXR_ETRUNCATED;
@@ -200,7 +87,7 @@ static int check_header(int fd, const cxr__reg_entry *e, cxr__hdr *out) {
 
 /* ---------------- mappings and handles ---------------- */
 
-static cxr__map *map_find(const char *name, uint64_t generation) {
+cxr__map *cxr__map_find(const char *name, uint64_t generation) {
   for (cxr__map *m = cxr__maps; m; m = m->next)
     if (m->generation == generation && strcmp(m->name, name) == 0) return m;
   return NULL;
@@ -225,7 +112,7 @@ static int map_new(int fd, const cxr__hdr *hdr, const char *name, cxr__map **out
     free(m);
     return rc;
   }
-  copy_str(m->name, sizeof m->name, name);
+  cxr__copy_str(m->name, sizeof m->name, name);
   m->generation = hdr->generation;
   m->addr = hdr->addr;
   m->size = hdr->size;
@@ -255,7 +142,7 @@ static int handle_new(cxr__map *m, cxr_heap **out) {
   int rc = cxr__heap_lock(h);
   if (rc == 0) {
     cxr__heap_reap_locked(h); /* dead holders are recovered whenever someone joins */
-    rc = slot_take(h);
+    rc = cxr__slot_take(h);
     cxr__heap_unlock(h);
   }
   if (rc) {
@@ -269,94 +156,6 @@ static int handle_new(cxr__map *m, cxr_heap **out) {
   return 0;
 }
 
-/* ---------------- removal of heaps nobody holds ---------------- */
-
-typedef struct peek {
-  unsigned live, dead;
-  int64_t oldest_lease;
-  size_t used;
-  bool ok;
-} peek;
-
-/* Reads a heap file's holders and usage without joining it (mapped anywhere, read-only). */
-static void peek_heap(const cxr__reg_entry *e, peek *pk) {
-  memset(pk, 0, sizeof *pk);
-  int fd = open(e->path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  cxr__hdr hdr;
-  if (check_header(fd, e, &hdr) == 0) {
-    void *p = mmap(NULL, hdr.size, PROT_READ, MAP_SHARED, fd, 0);
-    if (p != MAP_FAILED) {
-      const cxr__hdr *h = p;
-      cxr__geo g;
-      cxr__geo_init(&g, p, &hdr);
-      int64_t now = cxr__realtime_ns();
-      for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
-        const cxr__slot *s = &h->slots[i];
-        if (atomic_load(&s->state) != CXR_SLOT_LIVE) continue;
-        if (slot_dead(s, now)) pk->dead++;
-        else pk->live++;
-        int64_t l = atomic_load(&s->lease_ns);
-        if (pk->oldest_lease == 0 || l < pk->oldest_lease) pk->oldest_lease = l;
-      }
-      size_t cached;
-      cxr__heap_usage(&g, &pk->used, &cached);
-      pk->ok = true;
-      munmap(p, hdr.size);
-    }
-  }
-  close(fd);
-}
-
-static bool is_device(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && !S_ISREG(st.st_mode);
-}
-
-/* Heap files in the root that no entry names: left by a creator that died between
- * creating the file and registering it. Safe under the registry lock (creation holds it). */
-static void sweep_strays(cxr__reg *r) {
-  const char *root = cxr_root();
-  DIR *d = root ? opendir(root) : NULL;
-  if (d == NULL) return;
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    size_t len = strlen(de->d_name);
-    bool heap = len > 5 && strcmp(de->d_name + len - 5, ".heap") == 0;
-    bool unl = len > 9 && de->d_name[0] == '.' && strcmp(de->d_name + len - 9, ".unlinked") == 0;
-    if (!heap && !unl) continue;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", root, de->d_name);
-    bool named = false;
-    for (unsigned i = 0; i < CXR_REG_ENTRIES && !named; i++)
-      named = r->f->e[i].used && strcmp(r->f->e[i].path, path) == 0;
-    if (!named) {
-      CXR_INFO("removing stray heap file %s", path);
-      unlink(path);
-    }
-  }
-  closedir(d);
-}
-
-/* Removes entries (and files) of heaps marked for removal that no live process holds. */
-static void sweep(cxr__reg *r, cxr__reg_entry *only) {
-  if (only == NULL) sweep_strays(r);
-  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
-    cxr__reg_entry *e = &r->f->e[i];
-    if (!e->used || (only && e != only)) continue;
-    if (!(e->flags & (CXR_REG_UNLINKED | CXR_HF_REMOVE_ON_CLOSE))) continue;
-    cxr__map *m = map_find(e->name, e->generation);
-    if (m != NULL && m->refs > 0) continue; /* held by this process */
-    peek pk;
-    peek_heap(e, &pk);
-    if (pk.ok && pk.live > 0) continue;
-    if (!pk.ok && access(e->path, F_OK) == 0 && !(e->flags & CXR_REG_UNLINKED)) continue;
-    CXR_INFO("removing heap %s (%s): no live holder", e->name, e->path);
-    if (!is_device(e->path)) unlink(e->path);
-    cxr__reg_remove(r, e);
-  }
-}
-
 /* ---------------- create / open / close / unlink ---------------- */
 
 static void format(cxr__hdr *hdr, const char *name, uint64_t size, uint64_t addr,
@@ -367,7 +166,7 @@ static void format(cxr__hdr *hdr, const char *name, uint64_t size, uint64_t addr
   hdr->size = size;
   hdr->addr = addr;
   hdr->generation = generation;
-  copy_str(hdr->name, sizeof hdr->name, name);
+  cxr__copy_str(hdr->name, sizeof hdr->name, name);
   hdr->flags = flags;
   hdr->owner_pid = (int32_t)getpid();
   cxr__geometry(size, &hdr->map_off, &hdr->data_off, &hdr->npages);
@@ -398,7 +197,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
   char path[PATH_MAX];
   if (o->path) {
     if (strlen(o->path) >= sizeof((cxr__reg_entry *)0)->path) return CXR_ENAMETOOLONG;
-    copy_str(path, sizeof path, o->path);
+    cxr__copy_str(path, sizeof path, o->path);
   } else {
     int n = snprintf(path, sizeof path, "%s/%s.heap", cxr_root(), name);
     if (n < 0 || (size_t)n >= sizeof((cxr__reg_entry *)0)->path) return CXR_ENAMETOOLONG;
@@ -413,7 +212,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
     cxr__rt_unlock();
     return rc;
   }
-  sweep(&r, NULL);
+  cxr__sweep(&r, NULL);
   int fd = -1;
   cxr__map *m = NULL;
   cxr__reg_entry *e = NULL;
@@ -449,7 +248,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
     rc = cxr__from_errno(errno);
     goto out;
   }
-  created_file = !o->path || !is_device(path);
+  created_file = !o->path || !cxr__is_device(path);
   struct stat st;
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
     if (fchmod(fd, o->mode ? o->mode : 0600) != 0 || ftruncate(fd, (off_t)size) != 0) {
@@ -458,7 +257,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
     }
   } else {
     uint64_t dsize;
-    if ((rc = file_size(fd, &dsize)) != 0) goto out;
+    if ((rc = cxr__file_size(fd, &dsize)) != 0) goto out;
     if (dsize < size) {
       rc = CXR_ENOMEM;
       goto out;
@@ -485,7 +284,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
     goto out;
   }
   /* Register last: until then nobody can find it. */
-  copy_str(e->name, sizeof e->name, name);
+  cxr__copy_str(e->name, sizeof e->name, name);
   memcpy(e->path, path, strlen(path) + 1); /* length checked above */
   e->addr = addr;
   e->size = size;
@@ -525,7 +324,7 @@ int cxr_heap_open(cxr_heap **out, const char *name) {
     rc = CXR_ENOENT;
     goto out;
   }
-  cxr__map *m = map_find(name, e->generation);
+  cxr__map *m = cxr__map_find(name, e->generation);
   if (m == NULL) {
     fd = open(e->path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
@@ -533,7 +332,7 @@ int cxr_heap_open(cxr_heap **out, const char *name) {
       goto out;
     }
     cxr__hdr hdr;
-    rc = check_header(fd, e, &hdr);
+    rc = cxr__check_header(fd, e, &hdr);
     if (rc) {
       CXR_ERR("heap %s (%s): %s", name, e->path, cxr_strerror(rc));
       goto out;
@@ -573,7 +372,7 @@ static void release(cxr_heap *h, bool unmap) {
       memset(&rc, 0, sizeof rc);
       rc.gen[h->slot] = h->gen;
       rc.clean[h->slot] = true;
-      if (h->hdr->slots[h->slot].gen == h->gen) slots_release(&h->g, &rc);
+      if (h->hdr->slots[h->slot].gen == h->gen) cxr__slots_release(&h->g, &rc);
     }
     cxr__heap_reap_locked(h);
     cxr__heap_unlock(h);
@@ -586,14 +385,14 @@ static void release(cxr_heap *h, bool unmap) {
     }
   h->magic = 0;
   char name[CXR_NAME_MAX + 1];
-  copy_str(name, sizeof name, m->name);
+  cxr__copy_str(name, sizeof name, m->name);
   uint64_t gen = m->generation;
   if (unmap) map_put(m);
   else m->refs--;
   if (reg) {
     for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
       cxr__reg_entry *e = &r.f->e[i];
-      if (e->used && e->generation == gen && strcmp(e->name, name) == 0) sweep(&r, e);
+      if (e->used && e->generation == gen && strcmp(e->name, name) == 0) cxr__sweep(&r, e);
     }
     cxr__reg_unlock(&r);
   }
@@ -638,15 +437,15 @@ int cxr_heap_unlink(const char *name) {
       rc = CXR_ENOENT;
     } else {
       /* Move the file aside so the name can be used again at once. */
-      if (!is_device(e->path)) {
+      if (!cxr__is_device(e->path)) {
         char hidden[PATH_MAX];
         snprintf(hidden, sizeof hidden, "%s/.%s.%lu.unlinked", cxr_root(), name,
                  (unsigned long)e->generation);
         if (strlen(hidden) < sizeof e->path && rename(e->path, hidden) == 0)
-          copy_str(e->path, sizeof e->path, hidden);
+          cxr__copy_str(e->path, sizeof e->path, hidden);
       }
       e->flags |= CXR_REG_UNLINKED;
-      sweep(&r, e);
+      cxr__sweep(&r, e);
     }
     cxr__reg_unlock(&r);
   }
@@ -724,49 +523,3 @@ int cxr_heap_get_stats(const cxr_heap *h, cxr_heap_stats *out) {
   return 0;
 }
 
-/* ---------------- the registry from outside ---------------- */
-
-int cxr_registry_list(cxr_heap_info *out, size_t max, size_t *n) {
-  if (n == NULL || (out == NULL && max > 0)) return CXR_EINVAL;
-  *n = 0;
-  int rc = cxr__rt_ensure();
-  if (rc) return rc;
-  cxr__rt_lock();
-  cxr__reg r;
-  rc = cxr__reg_lock(&r, false);
-  if (rc == CXR_ENOENT) {
-    cxr__rt_unlock();
-    return 0;
-  }
-  if (rc) {
-    cxr__rt_unlock();
-    return rc;
-  }
-  sweep(&r, NULL);
-  size_t k = 0;
-  int64_t now = cxr__realtime_ns();
-  for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
-    cxr__reg_entry *e = &r.f->e[i];
-    if (!e->used) continue;
-    if (k < max) {
-      cxr_heap_info *hi = &out[k];
-      memset(hi, 0, sizeof *hi);
-      copy_str(hi->name, sizeof hi->name, e->name);
-      copy_str(hi->path, sizeof hi->path, e->path);
-      hi->addr = e->addr;
-      hi->size = e->size;
-      hi->generation = e->generation;
-      peek pk;
-      peek_heap(e, &pk);
-      hi->used = pk.used;
-      hi->holders = pk.live;
-      hi->dead_holders = pk.dead;
-      hi->lease_age_ns = pk.oldest_lease ? now - pk.oldest_lease : -1;
-    }
-    k++;
-  }
-  *n = k;
-  cxr__reg_unlock(&r);
-  cxr__rt_unlock();
-  return 0;
-}

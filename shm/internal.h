@@ -110,4 +110,23 @@ static inline int cxr__heap_ready(cxr_heap *h) {
 }
 void cxr__slot_renew(cxr_heap *h);
 
+/* ---- lease.c ---- */
+int cxr__slot_take(cxr_heap *h);                    /* heap lock held */
+bool cxr__slot_dead(const cxr__slot *s, int64_t now);
+void cxr__slots_release(const cxr__geo *g, const cxr__reclaim *r);
+
+/* ---- heap.c ---- */
+struct cxr__reg_entry;
+struct cxr__reg;
+int cxr__file_size(int fd, uint64_t *size);
+int cxr__check_header(int fd, const struct cxr__reg_entry *e, cxr__hdr *out);
+cxr__map *cxr__map_find(const char *name, uint64_t generation);
+void cxr__copy_str(char *dst, size_t cap, const char *src);
+
+/* ---- sweep.c ---- */
+bool cxr__is_device(const char *path);
+/* Removes heaps marked for removal that no live process holds (only `only` if not NULL),
+ * and stray heap files. Registry locked. */
+void cxr__sweep(struct cxr__reg *r, struct cxr__reg_entry *only);
+
 #endif
