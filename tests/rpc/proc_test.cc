@@ -180,4 +180,53 @@ TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) {
   EXPECT_EQ(srv.pid, -1);
 }
 
+TEST_F(Proc, MalformedDescriptorsFromAnotherProcessGetErrorReplies) {
+  std::string name = uniq("mf");
+  Peer srv = start_server(name, 1);
+  ASSERT_GT(srv.pid, 0);
+  cxr_conn *c;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  cxr_heap *h = cxr_conn_heap(c);
+  uint32_t n = cxr__conn_table_size(c);
+  int local = 0;
+  struct Case {
+    uint64_t id;
+    uint32_t method, flags;
+    uint64_t ptr, len;
+    int want;
+  } cases[] = {
+      {(uint64_t)3 << 32 | 1, 4242, 0, 0, 0, CXR_ENOMETHOD},
+      {(uint64_t)3 << 32 | 1, M_ADD, 0, (uint64_t)(uintptr_t)&local, 4, CXR_EBADPTR},
+      {(uint64_t)3 << 32 | 1, M_ADD, 0, (uint64_t)(uintptr_t)cxr_heap_base(h), cxr_heap_size(h) * 2,
+       CXR_EBADPTR},
+      {7, M_NOOP, 0, 0, 0, CXR_EPROTO},                        // generation 0
+      {(uint64_t)1 << 32 | n, M_NOOP, 0, 0, 0, CXR_EPROTO},    // index beyond the table
+      {(uint64_t)3 << 32 | 1, M_NOOP, CXR_CALL_INLINE, 0, 4096, CXR_EPROTO},
+      {(uint64_t)3 << 32 | 1, M_NOOP, 1u << 12, 0, 0, CXR_EPROTO},
+  };
+  for (auto &k : cases) {
+    cxr__desc d;
+    memset(&d, 0, sizeof d);
+    d.call_id = k.id;
+    d.method = k.method;
+    d.flags = k.flags;
+    d.ptr = k.ptr;
+    d.len = k.len;
+    ASSERT_EQ(cxr__conn_push_raw(c, &d), 0);
+    cxr__desc r;
+    ASSERT_EQ(cxr__conn_pop_raw(c, &r, 10000000000), 0);
+    EXPECT_EQ(r.call_id, k.id);
+    EXPECT_EQ(r.status, k.want) << "method " << k.method;
+    EXPECT_EQ(r.ptr, 0u);
+  }
+  EXPECT_EQ(kill(srv.pid, 0), 0);  // still running
+  void *res = nullptr;
+  ASSERT_EQ(cxr_conn_call(c, M_PID, nullptr, &res, nullptr), 0);
+  EXPECT_EQ(*(int64_t *)res, srv.pid);
+  cxr_heap_free(h, res);
+  EXPECT_GE(find_conn(name, getpid()).malformed, 7u);
+  cxr_conn_close(c);
+  stop_peer(srv);
+}
+
 }  // namespace
