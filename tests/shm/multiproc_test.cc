@@ -440,3 +440,49 @@ TEST(MultiProc, InheritedHandleTakesItsOwnLease) {
   cxr_heap_close(h);
   EXPECT_TRUE(list_dir(g_root).empty());
 }
+
+// Processes creating, joining, closing and unlinking heaps at the same time: the registry
+// stays consistent (every create either works or says why) and nothing is left behind.
+TEST(MultiProc, RegistryChurnLeavesNothingBehind) {
+  std::string base = uniq("churn");
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 4; p++)
+    pids.push_back(spawn([&, p]() -> int {
+      uint64_t s = 1000 + p;
+      for (int i = 0; i < 25; i++) {
+        std::string mine = base + "-" + std::to_string(p) + "-" + std::to_string(i % 3);
+        cxr_heap *h = nullptr;
+        cxr_heap_opts o;
+        cxr_heap_opts_init(&o);
+        o.remove_on_last_close = (xs(&s) & 1) != 0;
+        int rc = cxr_heap_create(&h, mine.c_str(), 1 << 20, &o);
+        if (rc == CXR_EEXIST) rc = cxr_heap_open(&h, mine.c_str());
+        if (rc != 0) return 10;
+        if (!cxr_heap_alloc(h, 100)) return 11;
+        // Join a neighbour's heap if it exists right now.
+        std::string other = base + "-" + std::to_string((p + 1) % 4) + "-" + std::to_string(xs(&s) % 3);
+        cxr_heap *g = nullptr;
+        rc = cxr_heap_open(&g, other.c_str());
+        if (rc == 0) {
+          void *q = cxr_heap_alloc(g, 64);
+          if (!q) return 12;
+          cxr_heap_free(g, q);
+          cxr_heap_close(g);
+        } else if (rc != CXR_ENOENT) {
+          return 13;
+        }
+        cxr_heap_close(h);
+        if (xs(&s) % 2) {
+          rc = cxr_heap_unlink(mine.c_str());
+          if (rc != 0 && rc != CXR_ENOENT) return 14;
+        }
+      }
+      for (int i = 0; i < 3; i++) cxr_heap_unlink((base + "-" + std::to_string(p) + "-" + std::to_string(i)).c_str());
+      return 0;
+    }));
+  for (pid_t pid : pids) EXPECT_EQ(wait_child(pid, 60000), 0);
+  size_t n = 99;
+  ASSERT_EQ(cxr_registry_list(nullptr, 0, &n), 0);
+  EXPECT_EQ(n, 0u);
+  EXPECT_TRUE(list_dir(g_root).empty()) << list_dir(g_root).size();
+}
