@@ -159,6 +159,54 @@ typedef struct cxr_rdma_stats {
 } cxr_rdma_stats;
 int cxr_rdma_stats_get(const cxr_rdma *r, cxr_rdma_stats *out);
 
+/* ---- ALock: one lock for processes in the pod and hosts in other racks ---- */
+
+/* The lock lives in pod memory (a shared heap the pod maps; a pod host exports it for
+ * other racks with cxr_rdma_export). Its first cache line is the lock word: a remote MCS
+ * tail, a local MCS tail and a Peterson victim word. Processes in the pod touch only the
+ * local tail (CPU atomics) and their queue nodes; remote hosts only the remote tail (UCX
+ * atomics) and theirs; both write the victim word with plain 8-byte writes (atomic between
+ * CPU and NIC, unlike mixing CPU and NIC atomics on one word). The head of each cohort's
+ * MCS queue competes with the other cohort's head by Peterson's algorithm; the lock passes
+ * inside a cohort without competing up to `budget` times, then the next holder competes,
+ * which lets a waiting cohort in. No local access ever goes through the NIC. */
+enum { CXR_ALOCK_SLOTS = 64, CXR_ALOCK_BUDGET = 5 };
+
+typedef struct cxr_alock_node {
+  uint64_t next;    /* successor's slot + 1, 0 = none */
+  uint64_t locked;  /* 1 wait, 0 yours (cohort kept), 2 yours to compete, 3 abandoned, 4 passed */
+  uint64_t budget;  /* in-cohort handoffs left when it was passed */
+  uint64_t pad[5];
+} cxr_alock_node;
+
+typedef struct cxr_alock {
+  uint64_t rtail;   /* remote MCS tail: UCX atomics only */
+  uint64_t ltail;   /* local MCS tail: CPU atomics only */
+  uint64_t victim;  /* Peterson: plain 8-byte writes from both cohorts */
+  uint64_t budget;  /* in-cohort handoffs before competing (set at init) */
+  uint64_t pad[4];
+  cxr_alock_node lnodes[CXR_ALOCK_SLOTS];  /* pod processes (CPU only) */
+  cxr_alock_node rnodes[CXR_ALOCK_SLOTS];  /* remote hosts (UCX only) */
+} __attribute__((aligned(64))) cxr_alock;
+
+/* How one participant reaches the lock. Each concurrent participant of a cohort needs its
+ * own slot (0 .. CXR_ALOCK_SLOTS-1): a thread or process in the pod, a thread on a host. */
+typedef struct cxr_alock_ref {
+  cxr_alock *local;     /* in the pod: the lock as mapped here; NULL for a remote host */
+  cxr_rdma_ep *ep;      /* remote: an endpoint to a pod host exporting the lock */
+  cxr_rdma_rkey *rk;
+  uint64_t addr;        /* remote: the lock's address in the pod */
+  unsigned slot;
+  uint64_t budget_left; /* private */
+} cxr_alock_ref;
+
+/* budget 0 = CXR_ALOCK_BUDGET. Only while nobody uses the lock. */
+int cxr_alock_init(cxr_alock *l, unsigned budget);
+/* deadline_ns absolute (cxr_now_ns clock; 0 = no deadline). CXR_ETIMEDOUT leaves the queue
+ * cleanly; remote errors (CXR_EPEERDEAD...) end the attempt. */
+int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns);
+int cxr_alock_unlock(cxr_alock_ref *r);
+
 /* ---- device discovery (rdma-core) ---- */
 
 typedef struct cxr_rdma_port_info {

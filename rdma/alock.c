@@ -1,0 +1,257 @@
+/*
+ * ALock (cxrpc/rdma.h): one lock for processes in the pod (CPU atomics) and hosts in other
+ * racks (UCX atomics), after the ALock design. Two MCS queues, one per cohort, whose heads
+ * compete by Peterson's algorithm; a cohort keeps the lock for at most `budget` handoffs.
+ *
+ * Which word each side touches, and how:
+ *   ltail, lnodes[]   pod processes only, CPU atomics
+ *   rtail, rnodes[]   remote hosts only, UCX operations (atomics, 8-byte get/put)
+ *   victim            both, plain 8-byte writes (and reads)
+ *   the other tail    read only (plain 8-byte read, or an 8-byte RDMA get)
+ * so no word ever sees CPU atomics and NIC atomics at once.
+ *
+ * Node states: 1 waiting, 0 granted (the cohort keeps the lock), 2 granted but must compete
+ * (budget spent), 3 abandoned by a waiter whose deadline passed (the releaser passes over
+ * it), 4 passed over (its owner may use the node again).
+ */
+#include <sched.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "rdma/internal.h"
+
+enum { W_WAIT = 1, W_KEEP = 0, W_COMPETE = 2, W_ABANDONED = 3, W_PASSED = 4 };
+enum { COHORT_LOCAL = 1, COHORT_REMOTE = 2 };
+
+#define LD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+int cxr_alock_init(cxr_alock *l, unsigned budget) {
+  if (l == NULL || ((uintptr_t)l % 64) != 0) return CXR_EINVAL;
+  memset(l, 0, sizeof *l);
+  l->budget = budget ? budget : CXR_ALOCK_BUDGET;
+  for (unsigned i = 0; i < CXR_ALOCK_SLOTS; i++) {
+    l->lnodes[i].locked = W_PASSED;
+    l->rnodes[i].locked = W_PASSED;
+  }
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  return 0;
+}
+
+static bool is_remote(const cxr_alock_ref *r) { return r->local == NULL; }
+
+/* Each remote operation gets its own bound; the lock's deadline is checked between them. */
+static int64_t op_deadline(void) { return cxr_now_ns() + 2000000000; }
+
+static uint64_t node_addr(const cxr_alock_ref *r, unsigned slot, size_t field) {
+  return r->addr + offsetof(cxr_alock, rnodes) + slot * sizeof(cxr_alock_node) + field;
+}
+
+/* ---- the cohort's own words ---- */
+
+static int node_get(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t *v) {
+  if (!is_remote(r)) {
+    *v = LD((uint64_t *)((char *)&r->local->lnodes[slot] + field));
+    return 0;
+  }
+  return cxr_rdma_get(r->ep, r->rk, node_addr(r, slot, field), v, 8, op_deadline());
+}
+
+static int node_put(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t v) {
+  if (!is_remote(r)) {
+    ST((uint64_t *)((char *)&r->local->lnodes[slot] + field), v);
+    return 0;
+  }
+  return cxr_rdma_put(r->ep, r->rk, node_addr(r, slot, field), &v, 8, op_deadline());
+}
+
+static int node_cas(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t expect,
+                    uint64_t desired, uint64_t *old) {
+  if (!is_remote(r)) {
+    uint64_t *w = (uint64_t *)((char *)&r->local->lnodes[slot] + field);
+    uint64_t e = expect;
+    __atomic_compare_exchange_n(w, &e, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    *old = e;
+    return 0;
+  }
+  return cxr_rdma_cswap64(r->ep, r->rk, node_addr(r, slot, field), expect, desired, old,
+                          op_deadline());
+}
+
+static int tail_swap(cxr_alock_ref *r, uint64_t v, uint64_t *old) {
+  if (!is_remote(r)) {
+    *old = __atomic_exchange_n(&r->local->ltail, v, __ATOMIC_ACQ_REL);
+    return 0;
+  }
+  return cxr_rdma_swap64(r->ep, r->rk, r->addr + offsetof(cxr_alock, rtail), v, old,
+                         op_deadline());
+}
+
+static int tail_cas(cxr_alock_ref *r, uint64_t expect, uint64_t desired, uint64_t *old) {
+  if (!is_remote(r)) {
+    uint64_t e = expect;
+    __atomic_compare_exchange_n(&r->local->ltail, &e, desired, false, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+    *old = e;
+    return 0;
+  }
+  return cxr_rdma_cswap64(r->ep, r->rk, r->addr + offsetof(cxr_alock, rtail), expect, desired,
+                          old, op_deadline());
+}
+
+/* ---- shared words: plain 8-byte reads and writes ---- */
+
+static int other_tail(cxr_alock_ref *r, uint64_t *v) {
+  if (!is_remote(r)) {
+    *v = __atomic_load_n(&r->local->rtail, __ATOMIC_RELAXED);  /* a plain 8-byte load */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return 0;
+  }
+  return cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, ltail), v, 8, op_deadline());
+}
+
+static int victim_get(cxr_alock_ref *r, uint64_t *v) {
+  if (!is_remote(r)) {
+    *v = __atomic_load_n(&r->local->victim, __ATOMIC_RELAXED);
+    return 0;
+  }
+  return cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, victim), v, 8, op_deadline());
+}
+
+static int victim_put(cxr_alock_ref *r, uint64_t v) {
+  if (!is_remote(r)) {
+    /* A plain store, then a full fence so it is visible before we read the other tail
+     * (Peterson needs store-load order; a seq_cst store would be a locked xchg). */
+    __atomic_store_n(&r->local->victim, v, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return 0;
+  }
+  /* cxr_rdma_put returns once the write is visible at the target (flushed). */
+  return cxr_rdma_put(r->ep, r->rk, r->addr + offsetof(cxr_alock, victim), &v, 8, op_deadline());
+}
+
+static int budget_of(cxr_alock_ref *r, uint64_t *b) {
+  if (!is_remote(r)) {
+    *b = r->local->budget;
+    return 0;
+  }
+  return cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, budget), b, 8, op_deadline());
+}
+
+static void backoff(cxr_alock_ref *r, unsigned i) {
+  if (is_remote(r)) return;  /* each remote read already costs a round trip */
+  if (i < 1000) __builtin_ia32_pause();
+  else sched_yield();
+}
+
+/* ---- release: hand the lock (or the queue head) to the next waiter ---- */
+
+/* Hands over from node `slot`: to the successor with the cohort kept (budget left) or with
+ * the duty to compete; passes over successors that abandoned; or empties the queue. */
+static int release_from(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
+  unsigned cur = slot;
+  bool own = true;
+  for (;;) {
+    uint64_t nx = 0, old = 0;
+    int rc = node_get(r, cur, offsetof(cxr_alock_node, next), &nx);
+    if (rc) return rc;
+    if (nx == 0) {
+      rc = tail_cas(r, cur + 1, 0, &old);
+      if (rc) return rc;
+      if (old != cur + 1) {
+        /* A successor swapped the tail and is about to link itself: wait for it. */
+        int64_t end = cxr_now_ns() + 10000000000;
+        for (unsigned i = 0; nx == 0; i++) {
+          if ((rc = node_get(r, cur, offsetof(cxr_alock_node, next), &nx)) != 0) return rc;
+          if (nx == 0 && cxr_now_ns() > end) return CXR_EPEERDEAD; /* it died mid-enqueue */
+          if (nx == 0) backoff(r, i);
+        }
+      }
+    }
+    if (!own && (rc = node_put(r, cur, offsetof(cxr_alock_node, locked), W_PASSED)) != 0)
+      return rc;
+    if (nx == 0) return 0;  /* the queue is empty: this cohort's flag is down */
+    if (nx > CXR_ALOCK_SLOTS) return CXR_ECORRUPT;
+    unsigned succ = (unsigned)nx - 1;
+    uint64_t left = budget_left > 1 ? budget_left - 1 : 0;
+    uint64_t grant = left > 0 ? W_KEEP : W_COMPETE;
+    if (grant == W_KEEP &&
+        (rc = node_put(r, succ, offsetof(cxr_alock_node, budget), left)) != 0)
+      return rc;
+    if ((rc = node_cas(r, succ, offsetof(cxr_alock_node, locked), W_WAIT, grant, &old)) != 0)
+      return rc;
+    if (old == W_WAIT) return 0;
+    if (old != W_ABANDONED) return CXR_ECORRUPT;
+    cur = succ;  /* it left: continue from its node, then mark it passed */
+    own = false;
+  }
+}
+
+int cxr_alock_unlock(cxr_alock_ref *r) {
+  if (r == NULL || r->slot >= CXR_ALOCK_SLOTS || (r->local == NULL && (r->ep == NULL || r->rk == NULL)))
+    return CXR_EINVAL;
+  return release_from(r, r->slot, r->budget_left);
+}
+
+/* ---- acquire ---- */
+
+int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
+  if (r == NULL || r->slot >= CXR_ALOCK_SLOTS || (r->local == NULL && (r->ep == NULL || r->rk == NULL)))
+    return CXR_EINVAL;
+  int64_t deadline = deadline_ns > 0 ? deadline_ns : INT64_MAX;
+  unsigned me = r->slot;
+  uint64_t cohort = is_remote(r) ? COHORT_REMOTE : COHORT_LOCAL, st = 0, pred = 0, old = 0;
+  int rc;
+  /* Our node may still sit in the queue from an attempt we abandoned: wait until the
+   * releaser has passed over it. */
+  for (unsigned i = 0;; i++) {
+    if ((rc = node_get(r, me, offsetof(cxr_alock_node, locked), &st)) != 0) return rc;
+    if (st != W_ABANDONED) break;
+    if (cxr_now_ns() > deadline) return CXR_ETIMEDOUT;
+    backoff(r, i);
+  }
+  if ((rc = node_put(r, me, offsetof(cxr_alock_node, next), 0)) != 0) return rc;
+  if ((rc = node_put(r, me, offsetof(cxr_alock_node, locked), W_WAIT)) != 0) return rc;
+  if ((rc = tail_swap(r, me + 1, &pred)) != 0) return rc;
+  if (pred > CXR_ALOCK_SLOTS) return CXR_ECORRUPT;
+  st = W_COMPETE;
+  if (pred != 0) {
+    if ((rc = node_put(r, (unsigned)pred - 1, offsetof(cxr_alock_node, next), me + 1)) != 0)
+      return rc;
+    for (unsigned i = 0;; i++) {
+      if ((rc = node_get(r, me, offsetof(cxr_alock_node, locked), &st)) != 0) return rc;
+      if (st != W_WAIT) break;
+      if (cxr_now_ns() > deadline) {
+        /* Leave the queue: the releaser will pass over us. */
+        if ((rc = node_cas(r, me, offsetof(cxr_alock_node, locked), W_WAIT, W_ABANDONED, &old)) != 0)
+          return rc;
+        if (old == W_WAIT) return CXR_ETIMEDOUT;
+        st = old;  /* granted meanwhile */
+        break;
+      }
+      backoff(r, i);
+    }
+    if (st == W_KEEP) {
+      if ((rc = node_get(r, me, offsetof(cxr_alock_node, budget), &r->budget_left)) != 0) return rc;
+      return 0;  /* the cohort kept the lock: no need to compete */
+    }
+    if (st != W_COMPETE) return CXR_ECORRUPT;
+  }
+  /* Head of our cohort's queue: Peterson against the other cohort's head. Our flag is our
+   * tail, non-zero while we are queued. */
+  if ((rc = victim_put(r, cohort)) != 0) return rc;
+  for (unsigned i = 0;; i++) {
+    uint64_t t = 0, v = 0;
+    if ((rc = other_tail(r, &t)) != 0) return rc;
+    if (t == 0) break;
+    if ((rc = victim_get(r, &v)) != 0) return rc;
+    if (v != cohort) break;
+    if (cxr_now_ns() > deadline) {
+      /* Give the head position up: the next waiter competes in our place. */
+      int rr = release_from(r, me, 0);
+      return rr ? rr : CXR_ETIMEDOUT;
+    }
+    backoff(r, i);
+  }
+  return budget_of(r, &r->budget_left);
+}

@@ -1,0 +1,48 @@
+// ALock across a pod and another rack: two processes of the pod (two namespaces sharing one
+// root) take the lock with CPU atomics, two hosts of another rack with UCX atomics over TCP,
+// all at once. Every critical section reads a counter, claims an owner word, checks it and
+// writes the counter back: a lost update or a foreign owner means mutual exclusion broke.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/netns/netns.h"
+#include "tests/rdma/proc.h"
+
+namespace {
+
+TEST(NetnsAlock, MutualExclusionAcrossThePodAndARemoteRack) {
+  if (!cxrt_net_available()) GTEST_SKIP() << "needs root and no sandbox for network namespaces";
+  cxrt_net net;
+  ASSERT_EQ(cxrt_net_up(&net, "alock", 4), 0);
+  const char *t = getenv("TEST_TMPDIR");
+  std::string pod = std::string(t ? t : "/tmp") + "/alock-pod", rack = pod + "-rack";
+  mkdir(pod.c_str(), 0700);
+  mkdir(rack.c_str(), 0700);
+  std::vector<std::string> pod_env = {"CXRPC_ROOT=" + pod, "CXRPC_POD=1"};
+  std::vector<std::string> rack_env = {"CXRPC_ROOT=" + rack, "CXRPC_POD=2"};
+  const long L = 3000, R = 150;
+  std::string listen = std::string(net.ip[0]) + ":7500";
+  const char *bin = "tests/netns/alock_peer";
+  cxrt::Proc host, local, r0, r1;
+  ASSERT_TRUE(host.start({bin, "host", listen, std::to_string(L), "0"}, pod_env, net.ns[0]));
+  ASSERT_EQ(host.line(15000), "READY");
+  ASSERT_TRUE(local.start({bin, "local", std::to_string(L), "1"}, pod_env, net.ns[1]));
+  ASSERT_TRUE(r0.start({bin, "remote", listen, std::to_string(R), "0"}, rack_env, net.ns[2]));
+  ASSERT_TRUE(r1.start({bin, "remote", listen, std::to_string(R), "1"}, rack_env, net.ns[3]));
+  for (cxrt::Proc *p : {&local, &r0, &r1}) ASSERT_EQ(p->line(15000), "READY");
+  for (cxrt::Proc *p : {&host, &local, &r0, &r1}) p->say("go");
+  for (cxrt::Proc *p : {&host, &local, &r0, &r1}) EXPECT_EQ(p->line(120000), "done 0 0");
+  host.say("check");
+  EXPECT_EQ(host.line(15000), "count " + std::to_string(2 * L + 2 * R));
+  for (cxrt::Proc *p : {&local, &r0, &r1, &host}) {
+    p->say("quit");
+    EXPECT_EQ(p->stop(), 0);
+  }
+  cxrt_net_down(&net);
+}
+
+}  // namespace
