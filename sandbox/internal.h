@@ -66,6 +66,8 @@ int cxr__seal_table_reset(cxr_seal_table *t);
 bool cxr__seal_overlaps_active(const void *mem, size_t bytes, uint64_t a, uint64_t n);
 
 /* ---- verification of the sender's pages (PROCMAP_QUERY on /proc/PID/maps) ---- */
+/* _IOWR('f', 17, struct procmap_query) (104 bytes), from linux/fs.h 6.11 */
+#define CXR__PROCMAP_QUERY_NR 0xc0686611u
 /* 0 if every page of [a, a + n) is mapped shared and not writable in the process whose
  * maps file is `maps_fd`, backed by (dev, ino) at file offset `off` for a (checked when
  * ino != 0); CXR_ENOTSEALED if not; CXR_ENOSYS if the kernel has no PROCMAP_QUERY. */

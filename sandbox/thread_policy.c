@@ -35,6 +35,10 @@ int cxr_sandbox_restrict_thread(void) {
   int rc = 0;
   for (size_t i = 0; i < sizeof allowed / sizeof allowed[0] && !rc; i++)
     rc = seccomp_rule_add(c, SCMP_ACT_ALLOW, allowed[i], 0);
+  /* The one ioctl a worker needs: asking the kernel about a sealer's pages (vma.c). */
+  if (!rc)
+    rc = seccomp_rule_add(c, SCMP_ACT_ALLOW, SCMP_SYS(ioctl), 1,
+                          SCMP_A1(SCMP_CMP_EQ, (uint64_t)CXR__PROCMAP_QUERY_NR));
   /* Memory, but never executable: no new code. */
   if (!rc)
     rc = seccomp_rule_add(c, SCMP_ACT_ALLOW, SCMP_SYS(mmap), 1,

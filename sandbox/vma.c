@@ -22,6 +22,7 @@ struct cxr__procmap_query {
   uint64_t vma_name_addr, build_id_addr;
 };
 #define CXR__PROCMAP_QUERY _IOWR('f', 17, struct cxr__procmap_query)
+_Static_assert(CXR__PROCMAP_QUERY == CXR__PROCMAP_QUERY_NR, "thread_policy.c allows this ioctl");
 enum { Q_READ = 1, Q_WRITE = 2, Q_EXEC = 4, Q_SHARED = 8 };
 
 typedef struct vma {

@@ -2,7 +2,10 @@
 // served on background threads and a client connection, in one process (the seal check
 // still asks the kernel about the client's pages, here our own).
 #include <gtest/gtest.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -14,7 +17,15 @@
 
 namespace {
 
-enum { M_SUM = 1, M_POKE = 2, M_FOLLOW = 3 };
+enum { M_SUM = 1, M_POKE = 2, M_FOLLOW = 3, M_OPEN = 4 };
+
+// Tries to open a file from the handler: 0 if it could, else -errno.
+int h_open(cxr_call *call, const void *args, void **result, void *user) {
+  int fd = open("/proc/self/status", O_RDONLY);
+  if (fd < 0) return errno == EPERM ? CXR_EPERM : CXR_EIO;
+  close(fd);
+  return 0;
+}
 
 std::atomic<int> g_handler_check{-1}, g_handler_write{-1};
 
@@ -66,6 +77,7 @@ struct RpcSeal : ::testing::Test {
     ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
     ASSERT_EQ(cxr_channel_on(ch, M_SUM, h_sum, nullptr), 0);
     ASSERT_EQ(cxr_channel_on(ch, M_FOLLOW, h_follow, nullptr), 0);
+    ASSERT_EQ(cxr_channel_on(ch, M_OPEN, h_open, nullptr), 0);
     ASSERT_EQ(cxr_channel_start(ch), 0);
     ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
   }
@@ -185,6 +197,20 @@ TEST_F(RpcSeal, UntrustedHandlerFaultBecomesEBADPTRAndServingGoesOn) {
   ASSERT_EQ(cxr_conn_seal_flush(c), 0);
   *arg = &seven;
   EXPECT_EQ(cxr_conn_call(c, M_FOLLOW, arg, &r, &o), 0);
+}
+
+TEST_F(RpcSeal, RestrictedWorkersCannotOpenFilesButKeepServing) {
+  setenv("CXRPC_SANDBOX_THREADS", "1", 1);
+  open(true, "1");
+  unsetenv("CXRPC_SANDBOX_THREADS");
+  void *r = nullptr;
+  for (int i = 0; i < 20; i++) EXPECT_EQ(cxr_conn_call(c, M_OPEN, nullptr, &r, nullptr), CXR_EPERM);
+  unsigned char *a = (unsigned char *)cxr_heap_alloc_pages(cxr_conn_heap(c), 4096);
+  ASSERT_NE(a, nullptr);
+  a[0] = 4;
+  uint64_t sum = 0;
+  ASSERT_EQ(call_sum(a, 1, &sum), 0);  // sealed calls still work on restricted workers
+  EXPECT_EQ(sum, 4u);
 }
 
 TEST_F(RpcSeal, ReconnectGetsAFreshTable) {
