@@ -439,4 +439,38 @@ TEST_F(Call, PermissionsDecideWhoConnects) {
   EXPECT_EQ(WEXITSTATUS(st), -CXR_EACCES);
 }
 
+TEST(CallLimits, FullChannelAndRestartedServing) {
+  std::string name = uniq("lim");
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  o.conn_heap_size = 4u << 20;
+  o.max_conns = 2;
+  o.pool = 2;
+  cxr_channel *ch;
+  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
+  ASSERT_EQ(register_methods(ch), 0);
+  ASSERT_EQ(cxr_channel_start(ch), 0);
+  cxr_conn *a, *b, *x;
+  ASSERT_EQ(cxr_connect(&a, name.c_str(), nullptr), 0);
+  ASSERT_EQ(cxr_connect(&b, name.c_str(), nullptr), 0);
+  EXPECT_EQ(cxr_connect(&x, name.c_str(), nullptr), CXR_EFULL);
+  EXPECT_EQ(cxr_conn_call(a, M_NOOP, nullptr, nullptr, nullptr), 0);
+  // Serving stops and starts again; connections stay.
+  cxr_channel_stop(ch);
+  ASSERT_EQ(cxr_channel_start(ch), 0);
+  EXPECT_EQ(cxr_conn_call(b, M_NOOP, nullptr, nullptr, nullptr), 0);
+  // A closed slot comes back to the pool.
+  cxr_conn_close(a);
+  ASSERT_EQ(cxr_connect(&x, name.c_str(), nullptr), 0);
+  EXPECT_EQ(cxr_conn_call(x, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(x);
+  cxr_conn_close(b);
+  cxr_channel_close(ch);
+  cxr_channel_opts_init(&o);
+  o.ring_slots = 3;
+  EXPECT_EQ(cxr_channel_open(&ch, name.c_str(), &o), CXR_EINVAL);
+  std::string longname(40, 'a');
+  EXPECT_EQ(cxr_channel_open(&ch, longname.c_str(), nullptr), CXR_ENAMETOOLONG);
+}
+
 }  // namespace
