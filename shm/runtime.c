@@ -46,13 +46,15 @@ int64_t cxr__realtime_ns(void) {
 }
 
 int64_t cxr__lease_ns(void) {
-  static int64_t lease;
-  if (lease == 0) {
+  static _Atomic int64_t lease; /* read once; racing first readers compute the same value */
+  int64_t l = atomic_load_explicit(&lease, memory_order_relaxed);
+  if (l == 0) {
     const char *s = getenv("CXRPC_LEASE_MS");
     long ms = s ? strtol(s, NULL, 10) : 0;
-    lease = (ms > 0 ? ms : 10000) * 1000000ll;
+    l = (ms > 0 ? ms : 10000) * 1000000ll;
+    atomic_store_explicit(&lease, l, memory_order_relaxed);
   }
-  return lease;
+  return l;
 }
 
 /* The forking thread holds rt_mu across fork so the child inherits consistent lists; the
@@ -174,7 +176,7 @@ int cxr_init(const cxr_init_opts *o) {
     rt_wsize = wsize;
     rt_pod = pod;
     rt_slices = slices;
-    rt_inited = true;
+    __atomic_store_n(&rt_inited, true, __ATOMIC_RELEASE); /* read without the lock */
     CXR_INFO("window %#lx-%#lx, pod %u/%u, root %s", (unsigned long)wbase,
              (unsigned long)(wbase + wsize), pod, slices, rt_root);
   }

@@ -1,6 +1,9 @@
 // Heaps in one process and two: create, open, allocate, free, statistics, root pointer,
 // removal, and two processes following each other's pointers at the same address.
 #include <gtest/gtest.h>
+#include <pthread.h>
+
+#include <atomic>
 
 #include <cxrpc/shm.h>
 
@@ -271,5 +274,80 @@ TEST(Heap, StrayHeapFilesAreRemoved) {
   EXPECT_NE(access(stray.c_str(), F_OK), 0);
   cxr_heap_close(h);
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  EXPECT_TRUE(list_dir(g_root).empty());
+}
+
+// Threads of one process: allocate, hand blocks to each other through a queue, free what
+// others allocated, open and close their own handles and read statistics, all at once
+// (run under TSan too).
+TEST(Heap, ThreadsInOneProcess) {
+  std::string name = uniq("threads");
+  cxr_heap *h = nullptr;
+  cxr_heap_opts o;
+  cxr_heap_opts_init(&o);
+  o.remove_on_last_close = true;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 8 << 20, &o), 0);
+  cxr_heap_stats st0;
+  cxr_heap_stats(h, &st0);
+  struct Shared {
+    cxr_heap *h;
+    const char *name;
+    pthread_mutex_t mu;
+    std::vector<std::pair<unsigned char *, size_t>> q;
+    std::atomic<int> errors{0};
+  } sh;
+  sh.h = h;
+  sh.name = name.c_str();
+  pthread_mutex_init(&sh.mu, nullptr);
+  auto run = [](void *arg) -> void * {
+    Shared *s = (Shared *)arg;
+    uint64_t seed = (uint64_t)pthread_self() | 1;
+    cxr_heap *own = nullptr;
+    if (cxr_heap_open(&own, s->name) != 0) s->errors++;
+    for (int i = 0; i < 4000; i++) {
+      seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+      size_t size = 1 + seed % 3000;
+      cxr_heap *use = (seed >> 20) & 1 ? own : s->h;
+      unsigned char *p = (unsigned char *)cxr_heap_alloc(use, size);
+      if (!p) {
+        s->errors++;
+        break;
+      }
+      memset(p, (int)(size & 0xFF), size);
+      pthread_mutex_lock(&s->mu);
+      s->q.push_back({p, size});
+      std::pair<unsigned char *, size_t> take{nullptr, 0};
+      if (s->q.size() > 50) {
+        take = s->q[seed % s->q.size()];
+        s->q[seed % s->q.size()] = s->q.back();
+        s->q.pop_back();
+      }
+      pthread_mutex_unlock(&s->mu);
+      if (take.first) {
+        for (size_t k = 0; k < take.second; k++)
+          if (take.first[k] != (unsigned char)(take.second & 0xFF)) {
+            s->errors++;
+            break;
+          }
+        cxr_heap_free((seed >> 21) & 1 ? own : s->h, take.first);
+      }
+      if (i % 500 == 0) {
+        cxr_heap_stats st;
+        cxr_heap_stats(s->h, &st);
+      }
+    }
+    cxr_heap_close(own);
+    return nullptr;
+  };
+  pthread_t t[4];
+  for (auto &x : t) pthread_create(&x, nullptr, run, &sh);
+  for (auto &x : t) pthread_join(x, nullptr);
+  EXPECT_EQ(sh.errors.load(), 0);
+  for (auto &e : sh.q) cxr_heap_free(h, e.first);
+  cxr_heap_stats st;
+  cxr_heap_stats(h, &st);
+  EXPECT_EQ(st.used, st0.used);
+  EXPECT_EQ(st.holders, 1u);
+  cxr_heap_close(h);
   EXPECT_TRUE(list_dir(g_root).empty());
 }
