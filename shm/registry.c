@@ -69,6 +69,11 @@ int cxr__reg_lock(cxr__reg *r, bool create) {
       close(fd);
       return CXR_EVERSION;
     }
+    /* Entries are read as C strings: keep them terminated whatever was written there. */
+    for (unsigned i = 0; i < CXR_REG_ENTRIES; i++) {
+      f->e[i].name[sizeof f->e[i].name - 1] = '\0';
+      f->e[i].path[sizeof f->e[i].path - 1] = '\0';
+    }
     r->fd = fd;
     r->f = f;
     return 0;
