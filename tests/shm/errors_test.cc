@@ -62,6 +62,32 @@ TEST(Errors, A_RootMissingOrNotWritable) {
     return rc == CXR_EADDRINUSE ? 0 : 30 - rc;
   });
   EXPECT_EQ(wait_child(wp), 0);
+  // A process of pod 1 gets its heaps in pod 1's slice of the window.
+  pid_t pp = spawn([&]() -> int {
+    cxr_init_opts po;
+    cxr_init_opts_init(&po);
+    po.pod = 1;
+    if (cxr_init(&po) != 0) return 10;
+    uintptr_t sb;
+    size_t ss;
+    if (cxr_pod_slice(1, &sb, &ss) != 0) return 11;
+    cxr_heap *h;
+    std::string n = uniq("pod1");
+    if (cxr_heap_create(&h, n.c_str(), 1 << 20, nullptr) != 0) return 12;
+    uintptr_t b = (uintptr_t)cxr_heap_base(h);
+    cxr_heap_opts ho;
+    cxr_heap_opts_init(&ho);
+    uintptr_t s0;
+    cxr_pod_slice(0, &s0, nullptr);
+    ho.addr = s0;  // pod 0's slice is not ours
+    cxr_heap *x;
+    int rc = cxr_heap_create(&x, uniq("pod0").c_str(), 1 << 20, &ho);
+    cxr_heap_close(h);
+    cxr_heap_unlink(n.c_str());
+    if (rc != CXR_ERANGE) return 13;
+    return b >= sb && b < sb + ss ? 0 : 14;
+  });
+  EXPECT_EQ(wait_child(pp), 0);
   // Nothing was initialised by the failures: the real root still works.
   EXPECT_EQ(cxr_init(nullptr), 0);
   EXPECT_STREQ(cxr_root(), g_root.c_str());
