@@ -183,6 +183,9 @@ int cxr__rg_bytess(cxr_ranges *r, const cxr_vec_bytes *a);
 
 /* Server side: true unless the peer is known to be trusted. */
 bool cxr__call_untrusted(cxr_call *call);
+/* Where an argument graph must lie: the connection heap, or, when the caller stated the
+ * argument's extent (cxr_call_arg_len: a sealed call does), [args, args + len). */
+cxr_range cxr__call_arg_extent(cxr_call *call, const void *args);
 /* l if it has any non-zero limit, else the defaults written into tmp. */
 const cxr_limits *cxr__limits(const cxr_limits *l, cxr_limits *tmp);
 /* Client side: the range a result may point into (the connection heap). */

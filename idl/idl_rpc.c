@@ -17,3 +17,16 @@ cxr_range cxr__conn_range(cxr_conn *c) {
   }
   return r;
 }
+
+cxr_range cxr__call_arg_extent(cxr_call *call, const void *args) {
+  cxr_range r = cxr_call_arg_range(call);
+  size_t len = cxr_call_arg_len(call);
+  uintptr_t a = (uintptr_t)args, lo = (uintptr_t)r.p;
+  /* Only an extent inside the heap narrows the range (an inline copy lies elsewhere and
+   * is then checked, and refused, against the heap). */
+  if (len && r.p && a >= lo && a - lo < r.len && len <= r.len - (a - lo)) {
+    r.p = args;
+    r.len = len;
+  }
+  return r;
+}

@@ -101,7 +101,7 @@ void emit_service(gen_buf *h, gen_buf *c, const gm_file *f) {
                 "  const %s *rq = (const %s *)args;\n"
                 "  if (!rq) return CXR_EPROTO;\n"
                 "  if (cxr__call_untrusted(call)) {\n"
-                "    cxr_range r = cxr_call_arg_range(call);\n"
+                "    cxr_range r = cxr__call_arg_extent(call, args);\n"
                 "    cxr_limits tmp;\n"
                 "    int rc = %s_validate(rq, &r, cxr__limits(&srv->limits, &tmp));\n"
                 "    if (rc) return rc;\n  }\n"
