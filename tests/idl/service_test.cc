@@ -185,6 +185,29 @@ TEST_P(Svc, MalformedArgumentsAreRefusedBeforeDispatchWhenUntrusted) {
   cxrtest_Ack_free(h, a);
 }
 
+TEST_P(Svc, ArgumentsMustStayInsideTheStatedExtent) {
+  // A caller that states arg_len (a sealed call does) promises the graph lies in
+  // [args, args + arg_len): on an untrusted channel a pointer outside it is refused.
+  cxrtest_open_Tree *t = tree(2, 1);  // the children array lies elsewhere in the heap
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.arg_len = sizeof *t;
+  cxrtest_open_Tree *r = nullptr;
+  int rc = cxrtest_Store_Walk(c, t, &r, &o);
+  if (GetParam()) {
+    EXPECT_EQ(rc, CXR_EBADPTR);
+    EXPECT_EQ(st.walks, 0);
+  } else {
+    EXPECT_EQ(rc, 0);
+    cxrtest_open_Tree_free(h, r);
+  }
+  o.arg_len = 0;  // no stated extent: the whole connection heap
+  ASSERT_EQ(cxrtest_Store_Walk(c, t, &r, &o), 0);
+  EXPECT_TRUE(cxrtest_open_Tree_equal(t, r));
+  cxrtest_open_Tree_free(h, r);
+  cxrtest_open_Tree_free(h, t);
+}
+
 TEST_P(Svc, HostileResultIsRefusedByTheStub) {
   st.hostile = true;
   cxrtest_Everything *m = doc(1);
