@@ -230,7 +230,7 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
     if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) return 0;
     drain(c);
     if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) return 0;
-    if ((i & 15) != 0 && i < 100000) {
+    if (((i + 1) & 15) != 0 && i < 100000) { /* the clock every 16 polls, not on the first */
       cxr__cpu_relax();
       continue;
     }
