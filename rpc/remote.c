@@ -40,6 +40,56 @@ static bool inside(uint64_t a, uint64_t len, uintptr_t base, size_t size) {
   return a >= base && len <= size && a - base <= size - len;
 }
 
+/* ---- spare heaps: a connection heap nobody uses any more is kept for the next one ----
+ * Creating a heap costs milliseconds (a file, a mapping, the registry); reusing an empty
+ * one costs nothing. Only heaps with no live allocation are kept. */
+typedef struct spares {
+  pthread_mutex_t lock;
+  cxr_heap *h[8];
+  unsigned n;
+} spares;
+
+static cxr_heap *spare_take(spares *s, size_t size) {
+  cxr_heap *h = NULL;
+  pthread_mutex_lock(&s->lock);
+  for (unsigned i = 0; i < s->n && h == NULL; i++)
+    if (cxr_heap_size(s->h[i]) == size) {
+      h = s->h[i];
+      s->h[i] = s->h[--s->n];
+    }
+  pthread_mutex_unlock(&s->lock);
+  return h;
+}
+
+static void spare_give(spares *s, cxr_heap *h) {
+  if (h == NULL) return;
+  cxr_heap_stats st;
+  bool keep = cxr_heap_stats(h, &st) == 0 && st.used == 0;
+  pthread_mutex_lock(&s->lock);
+  if (keep && s->n < sizeof s->h / sizeof s->h[0]) {
+    s->h[s->n++] = h;
+    h = NULL;
+  }
+  pthread_mutex_unlock(&s->lock);
+  if (h) cxr_heap_close(h);
+}
+
+static void spares_drop(spares *s) {
+  pthread_mutex_lock(&s->lock);
+  while (s->n) cxr_heap_close(s->h[--s->n]);
+  pthread_mutex_unlock(&s->lock);
+}
+
+/* Creates a heap whose name goes at once (the file goes with the last mapping). */
+static int heap_new(cxr_heap **h, const char *prefix, const char *chan, size_t size) {
+  static _Atomic unsigned seq;
+  char name[CXR_NAME_MAX + 1];
+  snprintf(name, sizeof name, "%s.%.32s.%d.%u", prefix, chan, (int)getpid(), seq++);
+  int rc = cxr_heap_create(h, name, size, NULL);
+  if (rc == 0) cxr_heap_unlink(name);
+  return rc;
+}
+
 /* ---- replicas: plain memory at a peer's heap address, inside our window ---- */
 
 static pthread_mutex_t rep_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -120,6 +170,8 @@ struct cxr__rconn {
   size_t hc_size, rs_size;
   bool rs_mapped;
   int open_done;  /* atomic */
+  int close_done; /* atomic: the server let go of our heap's replica */
+  bool open_sent;
   r_open_rep open_rep;
   uint64_t *rel;  /* result roots to give back (under c->lock) */
   uint32_t nrel;
@@ -129,6 +181,7 @@ struct cxr__rconn {
  * life so that its fast-connect directory outlives single connections. */
 static pthread_mutex_t rt_lock = PTHREAD_MUTEX_INITIALIZER;
 static cxr_rdma *engine;  /* set once, never freed */
+static spares client_spares = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static cxr_rdma *eng(void) { return __atomic_load_n(&engine, __ATOMIC_ACQUIRE); }
 static struct cxr__rconn *rt_conns;
 static uint64_t rt_token;
@@ -206,6 +259,17 @@ static void on_open_rep(cxr_rdma_msg *m, void *user) {
     rc->open_rep = *h;
     __atomic_store_n(&rc->open_done, 1, __ATOMIC_RELEASE);
   }
+  pthread_mutex_unlock(&rt_lock);
+}
+
+/* Inline: the server has dropped the connection (and its replica of our heap). */
+static void on_close_rep(cxr_rdma_msg *m, void *user) {
+  size_t hl;
+  const r_close *h = cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h || h->magic != R_MAGIC) return;
+  pthread_mutex_lock(&rt_lock);
+  struct cxr__rconn *rc = find_conn(h->token);
+  if (rc) __atomic_store_n(&rc->close_done, 1, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&rt_lock);
 }
 
@@ -311,6 +375,7 @@ static void engine_at_exit(void) {
   cxr_rdma *r = __atomic_exchange_n(&engine, NULL, __ATOMIC_ACQ_REL);
   pthread_mutex_unlock(&rt_make_lock);
   if (r) cxr_rdma_close(r);
+  spares_drop(&client_spares);
 }
 
 static int runtime(cxr_rdma **out) {
@@ -323,6 +388,7 @@ static int runtime(cxr_rdma **out) {
     rc = cxr_rdma_open(&r, &o);
     if (rc == 0) rc = cxr__am_set(r, R_OPEN_REP, on_open_rep, NULL, CXR_RDMA_AM_INLINE);
     if (rc == 0) rc = cxr__am_set(r, R_CALL_REP, on_call_rep, NULL, CXR_RDMA_AM_INLINE);
+    if (rc == 0) rc = cxr__am_set(r, R_CLOSE_REP, on_close_rep, NULL, CXR_RDMA_AM_INLINE);
     if (rc == 0) cxr__rdma_set_tick(r, sweep, NULL);
     if (rc != 0 && r) {
       cxr_rdma_close(r);
@@ -384,12 +450,19 @@ static void rconn_free(cxr_conn *c) {
     pthread_mutex_unlock(&rt_lock);
     if (rc->ep) cxr_rdma_ep_close(rc->ep);
     if (rc->rs_mapped) replica_unmap(rc->rs_addr, rc->rs_size);
+    /* The heap may serve the next connection only once no server holds a replica of it
+     * (or none ever did): otherwise that server would refuse the same range. */
+    bool reusable = __atomic_load_n(&rc->close_done, __ATOMIC_ACQUIRE) || !rc->open_sent;
     free(rc->rel);
     free(rc);
+    if (!reusable && c->heap) {
+      cxr_heap_close(c->heap);
+      c->heap = NULL;
+    }
   }
   free(c->slot);
   cxr__conn_table_fini(c);
-  if (c->heap) cxr_heap_close(c->heap);
+  spare_give(&client_spares, c->heap);
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->qlock);
   free(c);
@@ -433,12 +506,9 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
     rc = rc ? rc : CXR_ENOMEM;
     goto fail;
   }
-  /* Our connection heap: its name goes at once, the file with the last mapping. */
-  static _Atomic unsigned seq;
-  char hname[CXR_NAME_MAX + 1];
-  snprintf(hname, sizeof hname, "rc.%.32s.%d.%u", chan, (int)getpid(), seq++);
-  if ((rc = cxr_heap_create(&c->heap, hname, remote_heap_size(), NULL)) != 0) goto fail;
-  cxr_heap_unlink(hname);
+  /* Our connection heap: an empty one left by an earlier connection, or a new one. */
+  c->heap = spare_take(&client_spares, remote_heap_size());
+  if (c->heap == NULL && (rc = heap_new(&c->heap, "rc", chan, remote_heap_size())) != 0) goto fail;
   x->hc_addr = (uintptr_t)cxr_heap_base(c->heap);
   x->hc_size = cxr_heap_size(c->heap);
 
@@ -459,6 +529,7 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
   char hn[40] = "";
   gethostname(hn, sizeof hn - 1);
   snprintf(op.who, sizeof op.who, "%.40s/%d", hn, (int)getpid());
+  x->open_sent = true;
   rc = cxr_rdma_am_send(x->ep, R_OPEN, &op, sizeof op, NULL, 0, deadline);
   if (rc == 0) {
     cxr__rdma_waiter(r, 1);
@@ -695,8 +766,16 @@ void cxr__remote_close(cxr_conn *c) {
     usleep(500);
   }
   if (rc->ep && cxr_rdma_ep_status(rc->ep) == 0) {
-    r_close cl = {.magic = R_MAGIC, .conn_id = rc->conn_id};
-    cxr_rdma_am_send(rc->ep, R_CLOSE, &cl, sizeof cl, NULL, 0, cxr_now_ns() + 100000000);
+    r_close cl = {.magic = R_MAGIC, .conn_id = rc->conn_id, .token = rc->token};
+    int64_t end = cxr_now_ns() + 200000000;
+    if (cxr_rdma_am_send(rc->ep, R_CLOSE, &cl, sizeof cl, NULL, 0, end) == 0) {
+      cxr_rdma *r = eng();
+      cxr__rdma_waiter(r, 1);
+      while (!__atomic_load_n(&rc->close_done, __ATOMIC_ACQUIRE) && cxr_now_ns() < end &&
+             cxr_rdma_ep_status(rc->ep) == 0)
+        if (cxr__rdma_progress(r) == 0) usleep(20);
+      cxr__rdma_waiter(r, -1);
+    }
   }
   rconn_free(c);
 }
@@ -742,6 +821,7 @@ typedef struct rsconn {
 struct cxr__rlisten {
   cxr_channel *ch;
   cxr_rdma *r;
+  spares heaps;  /* empty result heaps for the next connections */
   pthread_mutex_t lock;
   rsconn *conns;
   uint64_t next_id;
@@ -775,10 +855,11 @@ static void release_root(rsconn *c, uint64_t root) {
     }
 }
 
-static void sconn_destroy(rsconn *c) {
+static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
   while (c->nres) res_free(c, 0);
   free(c->res);
-  if (c->hs) cxr_heap_close(c->hs);
+  if (l) spare_give(&l->heaps, c->hs);
+  else if (c->hs) cxr_heap_close(c->hs);
   replica_unmap(c->hc_addr, c->hc_size);
   free(c);
 }
@@ -807,7 +888,7 @@ static void reap_gone(void *arg) {
     if (c == NULL) break;
     CXR_INFO("remote %s: client %s gone: connection %llu reclaimed", g.l->ch->name, c->who,
              (unsigned long long)c->id);
-    sconn_destroy(c);
+    sconn_destroy(g.l, c);
   }
 }
 
@@ -846,15 +927,14 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   int rc = replica_map(op.heap_addr, op.heap_size);
   if (rc) return reply_open(m, rc, op.token, 0, NULL);
   rsconn *c = calloc(1, sizeof *c);
-  char name[CXR_NAME_MAX + 1];
-  snprintf(name, sizeof name, "rs.%.32s.%d.%llu", ch->name, (int)getpid(), (unsigned long long)id);
-  rc = c ? cxr_heap_create(&c->hs, name, ch->o.conn_heap_size, NULL) : CXR_ENOMEM;
+  rc = c ? 0 : CXR_ENOMEM;
+  if (c && (c->hs = spare_take(&l->heaps, ch->o.conn_heap_size)) == NULL)
+    rc = heap_new(&c->hs, "rs", ch->name, ch->o.conn_heap_size);
   if (rc) {
     free(c);
     replica_unmap(op.heap_addr, op.heap_size);
     return reply_open(m, rc, op.token, 0, NULL);
   }
-  cxr_heap_unlink(name);  /* the file goes with our mapping, even if we crash */
   c->id = id;
   c->token = op.token;
   c->ep = m->ref;
@@ -892,7 +972,9 @@ static void on_close(cxr_rdma_msg *m, void *user) {
       break;
     }
   pthread_mutex_unlock(&l->lock);
-  if (c) sconn_destroy(c);
+  if (c) sconn_destroy(l, c);
+  r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token};
+  cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, NULL, 0, 0);
 }
 
 static void reply_call(cxr_rdma_msg *m, const r_call *h, uint64_t token, int st, void *result,
@@ -1065,6 +1147,12 @@ int cxr__remote_listen(cxr_channel *ch, const char *listen) {
   if (l == NULL) return CXR_ENOMEM;
   l->ch = ch;
   pthread_mutex_init(&l->lock, NULL);
+  pthread_mutex_init(&l->heaps.lock, NULL);
+  /* Result heaps ready before the first client, as the pod keeps a pool of ready slots. */
+  for (unsigned i = 0; i < ch->o.pool && i < 8; i++) {
+    cxr_heap *h;
+    if (heap_new(&h, "rs", ch->name, ch->o.conn_heap_size) == 0) spare_give(&l->heaps, h);
+  }
   cxr_rdma_opts o;
   cxr_rdma_opts_init(&o);
   o.listen = listen + 6;
@@ -1075,6 +1163,7 @@ int cxr__remote_listen(cxr_channel *ch, const char *listen) {
   if (rc != 0) {
     CXR_ERR("channel %s: cannot listen on %s: %s", ch->name, listen, cxr_strerror(rc));
     cxr_rdma_close(l->r);
+    spares_drop(&l->heaps);
     pthread_mutex_destroy(&l->lock);
     free(l);
     return rc;
@@ -1092,8 +1181,9 @@ void cxr__remote_stop(cxr_channel *ch) {
   while (l->conns) {
     rsconn *c = l->conns;
     l->conns = c->next;
-    sconn_destroy(c);
+    sconn_destroy(NULL, c);
   }
+  spares_drop(&l->heaps);
   pthread_mutex_destroy(&l->lock);
   free(l);
 }

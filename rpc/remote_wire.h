@@ -6,7 +6,8 @@
  *   CALL     client -> server  r_call; data: r_range[nranges], uint64_t rel[nrel],
  *                              inline bytes, then the bytes of each range in order
  *   CALL_REP server -> client  r_call_rep; data: r_range[nranges], then the bytes
- *   CLOSE    client -> server  r_close
+ *   CLOSE    client -> server  r_close                     (reply CLOSE_REP r_close, the
+ *                              client reuses its heap only after it)
  */
 #ifndef CXRPC_RPC_REMOTE_WIRE_H
 #define CXRPC_RPC_REMOTE_WIRE_H
@@ -15,7 +16,7 @@
 
 #include "rpc/internal.h"
 
-enum { R_OPEN = 32, R_OPEN_REP = 33, R_CALL = 34, R_CALL_REP = 35, R_CLOSE = 36 };
+enum { R_OPEN = 32, R_OPEN_REP = 33, R_CALL = 34, R_CALL_REP = 35, R_CLOSE = 36, R_CLOSE_REP = 37 };
 #define R_MAGIC 0x31525843u /* "CXR1" */
 #define R_MAX_RANGES 65536u
 #define R_MAX_REL 1024u
@@ -54,6 +55,7 @@ typedef struct r_call_rep {
 typedef struct r_close {
   uint32_t magic, pad;
   uint64_t conn_id;
+  uint64_t token;  /* the client's, echoed in CLOSE_REP */
 } r_close;
 
 typedef struct r_range {

@@ -152,17 +152,22 @@ TEST_F(NetnsRemote, MissingHostOrChannelFailsClearlyWithinTheDeadline) {
   EXPECT_EQ(s.stop(), 0);
 }
 
-// Heap mappings of the server for remote connections ("rs.kv.*" result heaps).
-int result_heaps(pid_t pid) {
+// Whether the server process has memory of its own (a replica) at `addr`: "rw-p" while a
+// connection's replica is mapped there, the window's "---p" reservation once it is gone.
+bool replica_at(pid_t pid, uintptr_t addr) {
   std::string path = "/proc/" + std::to_string(pid) + "/maps";
   FILE *f = fopen(path.c_str(), "r");
-  if (f == nullptr) return -1;
+  if (f == nullptr) return false;
   char line[512];
-  int n = 0;
-  while (fgets(line, sizeof line, f))
-    if (strstr(line, "rs.kv.") != nullptr) n++;  /* also once unlinked (renamed) */
+  bool mapped = false;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi)
+      mapped = strcmp(perms, "rw-p") == 0;
+  }
   fclose(f);
-  return n;
+  return mapped;
 }
 
 TEST_F(NetnsRemote, ServerReclaimsAClientKilledWithItsConnectionOpen) {
@@ -172,20 +177,51 @@ TEST_F(NetnsRemote, ServerReclaimsAClientKilledWithItsConnectionOpen) {
   ASSERT_TRUE(client(b, 3, remote()));
   ASSERT_EQ(ask(a, "connect 5000"), "ok");
   ASSERT_EQ(ask(b, "connect 5000"), "ok");
-  ASSERT_EQ(ask(a, "graph 100").rfind("ok", 0), 0u);
-  ASSERT_EQ(ask(b, "graph 100").rfind("ok", 0), 0u);
-  int before = result_heaps(s.pid);
-  ASSERT_GE(before, 2);
+  void *pa = nullptr, *pb = nullptr;
+  ASSERT_EQ(sscanf(ask(a, "graph 100").c_str(), "ok %p", &pa), 1);
+  ASSERT_EQ(sscanf(ask(b, "graph 100").c_str(), "ok %p", &pb), 1);
+  // The server holds replicas of both clients' heaps, at the clients' addresses.
+  EXPECT_TRUE(replica_at(s.pid, (uintptr_t)pa));
+  EXPECT_TRUE(replica_at(s.pid, (uintptr_t)pb));
   a.kill9();
   // Client a's connection (its replica and result heap) goes within a bound; b's stays.
-  int now = before;
-  for (int i = 0; i < 200 && now >= before; i++) {
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; i++) {
     usleep(50000);
-    now = result_heaps(s.pid);
+    gone = !replica_at(s.pid, (uintptr_t)pa);
   }
-  EXPECT_EQ(now, before - 1);
+  EXPECT_TRUE(gone);
+  EXPECT_TRUE(replica_at(s.pid, (uintptr_t)pb));
   EXPECT_EQ(ask(b, "graph 10").rfind("ok", 0), 0u);
   EXPECT_EQ(b.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+// Server mappings of result heaps ("rs.kv.*", named or unlinked).
+int result_heaps(pid_t pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/maps";
+  FILE *f = fopen(path.c_str(), "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "rs.kv.") != nullptr) n++;
+  fclose(f);
+  return n;
+}
+
+TEST_F(NetnsRemote, RepeatedConnectsReuseHeapsAndLeakNothing) {
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(a, 2, remote()));
+  EXPECT_EQ(ask(a, "cycles 100", 120000), "ok");
+  // Connections come and go; the server keeps at most its spare heaps (8) beyond live ones.
+  int heaps = result_heaps(s.pid);
+  EXPECT_GE(heaps, 1);
+  EXPECT_LE(heaps, 9);
+  EXPECT_EQ(ask(a, "cycles 100", 120000), "ok");
+  EXPECT_LE(result_heaps(s.pid), 9);
+  EXPECT_EQ(a.stop(), 0);
   EXPECT_EQ(s.stop(), 0);
 }
 

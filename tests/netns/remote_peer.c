@@ -10,6 +10,7 @@
  *       slow MS DL        -> starts a call the server sleeps MS in (deadline DL ms), prints
  *                            "sent", then its outcome "ok" | "err <code> <ms taken>"
  *       whoami            -> "ok <server pid>"
+ *       cycles N          -> N times connect + call + close: "ok" | first failure
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -221,6 +222,16 @@ static int client(const char *t) {
       int64_t t0 = cxr_now_ns();
       int rc = do_connect(a);
       if (rc) printf("err %d %ld\n", rc, (long)((cxr_now_ns() - t0) / 1000000));
+      else printf("ok\n");
+    } else if (sscanf(line, "cycles %ld", &a) == 1) {
+      int rc = 0;
+      for (long i = 0; i < a && rc == 0; i++) {
+        if ((rc = do_connect(5000)) != 0) break;
+        rc = cxr_conn_call(conn, M_NOOP, NULL, NULL, NULL);
+        cxr_conn_close(conn);
+        conn = NULL;
+      }
+      if (rc) printf("err %d\n", rc);
       else printf("ok\n");
     } else if (conn == NULL) {
       printf("err %d\n", CXR_ENOTCONN);
