@@ -27,13 +27,14 @@ echo "== kv store: kv_server + kv_load clients over cxrpc on emulated CXL memory
 "${BAZEL[@]}" //examples/kvstore:kv_server //examples/kvstore:kv_load //tools:cxrpcctl
 kvroot=$(mktemp -d /dev/shm/cxrpc-kv.XXXX)
 kvlog="$work/kv_server.log"
-CXRPC_ROOT="$kvroot" "$(bin examples/kvstore/kv_server)" --workers 1 >"$kvlog" 2>&1 &
+CXRPC_ROOT="$kvroot" "$(bin examples/kvstore/kv_server)" --workers 1 --unix "$kvroot/kv.sock" >"$kvlog" 2>&1 &
 kvpid=$!
 trap 'kill "$kvpid" 2>/dev/null; rm -rf "$work" "$kvroot"' EXIT
 for _ in $(seq 100); do grep -q ready "$kvlog" && break; sleep 0.1; done
 cat "$kvlog"
 kvload() { CXRPC_ROOT="$kvroot" "$(bin examples/kvstore/kv_load)" "$@"; }
 kvload --threads 1 --seconds 2 --workload b
+kvload --threads 1 --seconds 2 --workload b --unix "$kvroot/kv.sock" --no-preload
 kvload --threads 2 --seconds 2 --workload a
 kvload --threads 1 --seconds 1 --workload c --value-size 1048576 --keys 64
 echo "-- cxrpcctl channels / conns while a client is connected:"

@@ -1,8 +1,9 @@
 /* kv_load: a YCSB-like load generator for kv_server. Each thread has its own connection and
  * runs a closed loop of calls; keys follow a Zipfian distribution (scrambled, as in YCSB).
  *   kv_load [--channel kv | ucx://HOST:PORT/kv] [--threads 2] [--seconds 3] [--workload a|b|c] [--keys N]
- *           [--value-size BYTES] [--zipf THETA] [--no-preload]
+ *           [--value-size BYTES] [--zipf THETA] [--no-preload] [--unix PATH]
  *   workload a: 50% get, 50% set;  b: 95% get, 5% set;  c: 100% get
+ * --unix PATH runs the same load over kv_server's Unix-socket baseline instead of cxrpc.
  * Prints calls/s, hit ratio, errors and latency percentiles. Exit status 1 on errors. */
 #include <math.h>
 #include <pthread.h>
@@ -10,9 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <cxrpc/rpc.h>
 
 #include "examples/kvstore/kv.h"
+#include "examples/kvstore/unix.h"
 
 typedef struct cfg {
   const char *channel;
@@ -23,6 +29,7 @@ typedef struct cfg {
   uint32_t value_size;
   double theta;
   bool preload;
+  const char *unix_path;
 } cfg;
 
 /* ---- Zipfian keys (Gray et al., as YCSB generates them) ---- */
@@ -115,9 +122,85 @@ static int do_get(cxr_conn *conn, uint64_t k, uint32_t vlen, bool *hit, bool *ba
   return rc;
 }
 
+/* ---- the Unix-socket baseline: same operations, bytes copied through the kernel ---- */
+static int io_full(int fd, void *buf, size_t n, bool wr) {
+  for (size_t done = 0; done < n;) {
+    ssize_t r = wr ? write(fd, (char *)buf + done, n - done) : read(fd, (char *)buf + done, n - done);
+    if (r <= 0) return -1;
+    done += (size_t)r;
+  }
+  return 0;
+}
+
+static int unix_op(int fd, uint32_t op, uint64_t k, char *value, uint32_t vlen, uint32_t want,
+                   bool *hit, bool *bad) {
+  char key[32];
+  kv_wire_req rq = {op, (uint32_t)key_of(k, key), op == KV_SET ? vlen : 0};
+  if (op == KV_SET && vlen >= 8) memcpy(value, &k, 8);
+  struct iovec_like { const void *p; size_t n; } parts[3] = {
+      {&rq, sizeof rq}, {key, rq.key_len}, {value, rq.value_len}};
+  for (int i = 0; i < 3; i++)
+    if (parts[i].n && io_full(fd, (void *)parts[i].p, parts[i].n, true) != 0) return CXR_EPEERDEAD;
+  kv_wire_resp rs;
+  if (io_full(fd, &rs, sizeof rs, false) != 0 || rs.value_len > KV_VALUE_MAX) return CXR_EPEERDEAD;
+  if (rs.value_len && io_full(fd, value, rs.value_len, false) != 0) return CXR_EPEERDEAD;
+  if (hit) *hit = rs.found != 0;
+  if (bad) {
+    uint64_t got = 0;
+    if (rs.value_len >= 8) memcpy(&got, value, 8);
+    *bad = rs.found && (rs.value_len != want || (want >= 8 && got != k));
+  }
+  return rs.status;
+}
+
+static void *run_unix(worker *w) {
+  const cfg *c = w->c;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", c->unix_path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  char *value = malloc(KV_VALUE_MAX);
+  if (fd < 0 || value == NULL || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    w->setup_rc = CXR_ENOTCONN;
+    if (fd >= 0) close(fd);
+    free(value);
+    return NULL;
+  }
+  memset(value, 'v', c->value_size);
+  if (c->preload)
+    for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
+      if (unix_op(fd, KV_SET, k, value, c->value_size, 0, NULL, NULL) != 0) w->errors++;
+  uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
+  int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
+  int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
+  for (;;) {
+    int64_t t0 = cxr_now_ns();
+    if (t0 >= end) break;
+    uint64_t k = zipf_next(w->z, &rng);
+    int rc;
+    if ((int)(rng_next(&rng) % 100) < get_pct) {
+      bool hit = false, bad = false;
+      rc = unix_op(fd, KV_GET, k, value, 0, c->value_size, &hit, &bad);
+      w->gets++;
+      w->hits += hit;
+      w->bad_values += bad;
+    } else {
+      rc = unix_op(fd, KV_SET, k, value, c->value_size, 0, NULL, NULL);
+      w->sets++;
+    }
+    int64_t dt = cxr_now_ns() - t0;
+    if (rc != 0) w->errors++;
+    w->ops++;
+    if (w->nlat < w->cap) w->lat[w->nlat++] = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
+  }
+  close(fd);
+  free(value);
+  return NULL;
+}
+
 static void *run(void *arg) {
   worker *w = arg;
   const cfg *c = w->c;
+  if (c->unix_path != NULL) return run_unix(w);
   cxr_conn *conn;
   if ((w->setup_rc = cxr_connect(&conn, c->channel, NULL)) != 0) return NULL;
   char *value = cxr_heap_alloc(cxr_conn_heap(conn), c->value_size ? c->value_size : 1);
@@ -166,12 +249,13 @@ static int cmp_u32(const void *a, const void *b) {
 static int usage(void) {
   fprintf(stderr,
           "usage: kv_load [--channel NAME] [--threads N] [--seconds S] [--workload a|b|c]\n"
-          "               [--keys N] [--value-size BYTES] [--zipf THETA] [--no-preload]\n");
+          "               [--keys N] [--value-size BYTES] [--zipf THETA] [--no-preload]\n"
+          "               [--unix PATH]\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
-  cfg c = {KV_CHANNEL, 2, 3.0, 'b', 0, 100, 0.99, true};
+  cfg c = {KV_CHANNEL, 2, 3.0, 'b', 0, 100, 0.99, true, NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--no-preload")) { c.preload = false; continue; }
@@ -183,6 +267,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--keys")) c.keys = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--value-size")) c.value_size = (uint32_t)strtoul(v, NULL, 10);
     else if (!strcmp(a, "--zipf")) c.theta = atof(v);
+    else if (!strcmp(a, "--unix")) c.unix_path = v;
     else return usage();
     i++;
   }
@@ -225,8 +310,8 @@ int main(int argc, char **argv) {
   }
   qsort(all, nlat, sizeof *all, cmp_u32);
   const char *mix = c.workload == 'a' ? "50% get / 50% set" : c.workload == 'b' ? "95% get / 5% set" : "100% get";
-  printf("kv_load: workload %c (%s), %d thread%s, %llu keys (zipf %.2f), values %u B, %.1f s\n",
-         c.workload - 32, mix, c.threads, c.threads == 1 ? "" : "s", (unsigned long long)c.keys,
+  printf("kv_load%s: workload %c (%s), %d thread%s, %llu keys (zipf %.2f), values %u B, %.1f s\n",
+         c.unix_path ? " over a Unix socket (baseline)" : " over cxrpc", c.workload - 32, mix, c.threads, c.threads == 1 ? "" : "s", (unsigned long long)c.keys,
          c.theta, c.value_size, c.seconds);
   printf("  %llu calls  %.0f calls/s  (%.1f MB/s of values)  hits %.1f%%  errors %llu  bad values %llu\n",
          (unsigned long long)ops, ops / c.seconds,
