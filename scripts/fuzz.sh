@@ -24,6 +24,7 @@ flags=(-c opt --color=no --curses=no --noshow_progress --repo_env=CC=clang
        --linkopt=-fsanitize=address,undefined --per_file_copt=.*@-Wno-error)
 targets=()
 for f in "${FUZZERS[@]}"; do targets+=("//tests/fuzz:$f"); done
+targets+=("//tests/fuzz:validate_seeds")
 if ! CC=clang bazel --output_base="$OB" build "${flags[@]}" "${targets[@]}" >"$work/build.log" 2>&1; then
   grep -E 'error|ERROR' "$work/build.log" | head -20
   for f in "${FUZZERS[@]}"; do echo "fuzz FAILED $f (build)"; done
@@ -42,6 +43,10 @@ chmod +x "$work/dump.sh"
 for p in tests/idl/everything.proto tests/idl/open.proto examples/docstore/docstore.proto; do
   [ -f "$p" ] && protoc -I. --plugin=protoc-gen-dump="$work/dump.sh" --dump_out="$work" "$p" 2>/dev/null
 done
+
+# Seeds for the validator: real message graphs in the fuzzer's block form.
+"$bin/tests/fuzz/validate_seeds" "$work/seeds/validate_fuzz" 90 >/dev/null 2>&1 ||
+  echo "fuzz: no validator seeds (validate_seeds failed); starting from nothing"
 
 failed=0
 for f in "${FUZZERS[@]}"; do
