@@ -1,5 +1,5 @@
 /* kv_server: a memcached-like store served over cxrpc (get, set, delete, stats).
- *   kv_server [--workers N] [--channel NAME] [--heap MiB] [--unix PATH]
+ *   kv_server [--workers N] [--channel NAME] [--heap MiB] [--unix PATH] [--listen ucx://ADDR:PORT]
  * Prints "kv_server ready on channel NAME" and serves until SIGINT or SIGTERM.
  * The store is process-private memory (store.c); values cross the call boundary by pointer
  * and are copied exactly once each way. --unix PATH also serves the same store over a Unix
@@ -97,8 +97,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--channel") && i + 1 < argc) name = argv[++i];
     else if (!strcmp(argv[i], "--heap") && i + 1 < argc) o.conn_heap_size = (size_t)atoi(argv[++i]) << 20;
     else if (!strcmp(argv[i], "--unix") && i + 1 < argc) unix_path = argv[++i];
+    else if (!strcmp(argv[i], "--listen") && i + 1 < argc) o.listen = argv[++i]; /* other racks */
     else {
-      fprintf(stderr, "usage: kv_server [--workers N] [--channel NAME] [--heap MiB] [--unix PATH]\n");
+      fprintf(stderr, "usage: kv_server [--workers N] [--channel NAME] [--heap MiB] [--unix PATH]\n"
+                      "                 [--listen ucx://ADDR:PORT]\n");
       return 2;
     }
   }
