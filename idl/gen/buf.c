@@ -88,8 +88,31 @@ void gb_printf(gen_buf *b, const char *fmt, ...) {
   va_end(ap);
 }
 
+static void comment_line(gen_buf *b, const char *p, size_t n) {
+  /* copy the line, defusing comment delimiters and control characters */
+  char prev = '*'; /* the " *" before: a leading "/" must not close it */
+  for (size_t i = 0; i < n; i++) {
+    char ch = p[i];
+    if ((unsigned char)ch < 0x20 || ch == 0x7f) ch = ' ';
+    if (prev == '*' && ch == '/') ch = ' ';
+    if (prev == '/' && ch == '*') ch = ' ';
+    gb_printf(b, "%c", ch);
+    prev = ch;
+  }
+}
+
 void gb_comment(gen_buf *b, const char *indent, const char *text) {
   if (!text || !*text) return;
+  /* one line (with or without its final newline, at most 90 columns): one line out */
+  const char *nl = strchr(text, '\n');
+  if ((!nl || nl[1] == 0) && strlen(text) < 90) {
+    size_t n = nl ? (size_t)(nl - text) : strlen(text);
+    while (n && text[0] == ' ') text++, n--;
+    gb_printf(b, "%s/* ", indent);
+    comment_line(b, text, n);
+    gb_printf(b, " */\n");
+    return;
+  }
   gb_printf(b, "%s/*", indent);
   const char *p = text;
   while (*p) {
@@ -97,16 +120,7 @@ void gb_comment(gen_buf *b, const char *indent, const char *text) {
     size_t n = e ? (size_t)(e - p) : strlen(p);
     if (!(n == 0 && !e)) {
       gb_printf(b, "\n%s *", indent);
-      /* copy the line, defusing comment delimiters and control characters */
-      char prev = '*'; /* the " *" before: a leading "/" must not close it */
-      for (size_t i = 0; i < n; i++) {
-        char ch = p[i];
-        if ((unsigned char)ch < 0x20 || ch == 0x7f) ch = ' ';
-        if (prev == '*' && ch == '/') ch = ' ';
-        if (prev == '/' && ch == '*') ch = ' ';
-        gb_printf(b, "%c", ch);
-        prev = ch;
-      }
+      comment_line(b, p, n);
     }
     if (!e) break;
     p = e + 1;

@@ -99,8 +99,15 @@ static void emit_member(gen_buf *h, const gm_field *x, const char *indent) {
   } else {
     gb_printf(h, "%s %s;", gm_elem_ctype(x), x->cname);
   }
-  gb_printf(h, " /* %d%s%s */\n", x->number, x->required ? ", required" : "",
-            x->kind == GK_MESSAGE && !x->repeated && !x->required ? ", NULL = absent" : "");
+  gb_printf(h, " /* %d", x->number);
+  if (x->repeated && x->kind == GK_MESSAGE && x->msg->map_entry)
+    gb_printf(h, ", map: entries {key, value}");
+  else if (x->repeated)
+    gb_printf(h, ", repeated %s", gm_elem_ctype(x));
+  if (x->required) gb_printf(h, ", required");
+  if (x->kind == GK_MESSAGE && !x->repeated && !x->required) gb_printf(h, ", NULL = absent");
+  if (x->kind == GK_ENUM && !x->repeated) gb_printf(h, ", %s enum", x->en->closed ? "closed" : "open");
+  gb_printf(h, " */\n");
 }
 
 static void emit_struct(gen_buf *h, const gm_msg *g) {
