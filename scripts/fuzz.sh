@@ -17,6 +17,8 @@ mkdir -p "$CXRPC_ROOT"
 # ASan owns 0x6000_0000_0000-0x6500_0000_0000: move the cxrpc window as .bazelrc's asan does.
 export CXRPC_WINDOW=0x650000000000-0x700000000000
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# UCX (linked through rpc/) must not patch malloc/mmap under ASan (as in .bazelrc).
+export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none
 
 flags=(-c opt --color=no --curses=no --noshow_progress --repo_env=CC=clang
        --copt=-fsanitize=fuzzer-no-link,address,undefined --copt=-fno-sanitize-recover=all
