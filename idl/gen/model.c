@@ -506,6 +506,15 @@ static bool build_services(build *b, gm_file *f) {
 
 static bool claim_all(gm_model *m, gm_file *f) {
   gen_arena *a = &m->arena;
+  /* Without a package a type keeps its bare name: it must not be a C keyword. */
+  for (size_t i = 0; i < f->nmsgs + f->nenums; i++) {
+    const char *cn = i < f->nmsgs ? f->msgs[i]->cname : f->enums[i - f->nmsgs]->cname;
+    if (gn_member(a, cn) != cn) {
+      gm_error(m, "%s: type '%s' would be the C keyword '%s'; give the file a package", f->name,
+               cn, cn);
+      return false;
+    }
+  }
   static const char *const msuf[] = {"", "_vec", "_new", "_validate", "_copy", "_free",
                                      "_equal", "_ranges", "_to_pb", "_from_pb", "_pb_free",
                                      "__vin", "__cin", "__fin", "__rin", "__tpb", "__fpb",

@@ -126,6 +126,8 @@ TEST(Plugin, CollidingCNamesAreRefused) {
   // Members: a field has_x next to an optional x.
   expect_error("syntax = \"proto2\";\npackage p;\nmessage M { optional int32 x = 1; optional int32 has_x = 2; }\n",
                {"message p.M", "has_x"});
+  // Without a package, a type named like a C keyword.
+  expect_error("syntax = \"proto3\";\nmessage bool {}\n", {"C keyword 'bool'"});
   // Predefined macros as field names.
   expect_error("syntax = \"proto3\";\npackage p;\nmessage M { int32 unix = 1; }\n", {"field p.M.unix", "macro"});
 }
