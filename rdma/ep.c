@@ -290,17 +290,33 @@ static int hello(cxr_rdma_ep *ep, int64_t deadline) {
   return rc;
 }
 
-/* ---- endpoints from a worker address (no round trip) ---- */
+/* ---- endpoints for a known host (no round trip on the caller's thread) ----
+ * Made from the host's worker address. (Client-server endpoints made from its listener
+ * address would let the host hear when we go, but idle ones of those stalled the worker
+ * for tens of seconds while a link was down in UCX 1.13: CXRPC_RDMA_POOL_SOCKADDR=1 still
+ * selects them.) */
 
-static int ep_from_waddr(cxr_rdma *r, const char *key, const void *wa, cxr_rdma_ep **out) {
+typedef struct ep_where {
+  bool has_sa;
+  struct sockaddr_in sa;
+  void *wa;
+} ep_where;
+
+static int ep_from_waddr(cxr_rdma *r, const char *key, const ep_where *w, cxr_rdma_ep **out) {
   cxr_rdma_ep *ep = ep_new(r, key);
   if (ep == NULL) return CXR_ENOMEM;
   ucp_ep_params_t p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                       .address = wa,
+                       .address = w->wa,
                        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                        .err_handler = {.cb = cxr__ep_err_cb, .arg = ep}};
+  if (w->has_sa && (w->wa == NULL || getenv("CXRPC_RDMA_POOL_SOCKADDR") != NULL)) {
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr = (ucs_sock_addr_t){.addr = (const struct sockaddr *)&w->sa, .addrlen = sizeof w->sa};
+  }
   ucs_status_t st = ucp_ep_create(r->worker, &p, &ep->uep);
   if (st != UCS_OK) {
     free(ep);
@@ -319,18 +335,22 @@ static void refill(void *arg) {
   cxr_rdma *r = probe->r;
   for (;;) {
     void *wa = NULL;
+    ep_where w = {0};
     pthread_mutex_lock(&r->lock);
     rdma_host *h = r->hosts;
     while (h && strcmp(h->key, probe->host)) h = h->next;
     if (h && h->valid && h->npool < r->pool_target && h->waddr) {
       wa = malloc(h->waddr_len);
       if (wa) memcpy(wa, h->waddr, h->waddr_len);
+      w.has_sa = h->has_sa;
+      w.sa = h->sa;
+      w.wa = wa;
     }
     if (h && !wa) h->refilling = false;
     pthread_mutex_unlock(&r->lock);
     if (wa == NULL) break;
     cxr_rdma_ep *ep = NULL;
-    int rc = ep_from_waddr(r, probe->host, wa, &ep);
+    int rc = ep_from_waddr(r, probe->host, &w, &ep);
     free(wa);
     if (rc) {
       CXR_DEBUG("rdma: pool for %s: %s", probe->host, cxr_strerror(rc));
@@ -380,10 +400,13 @@ static void schedule_refill(cxr_rdma *r, const char *key) {
 static cxr_rdma_ep *warm(cxr_rdma *r, const char *key) {
   cxr_rdma_ep *ep = NULL;
   void *wa = NULL;
+  ep_where w = {0};
   pthread_mutex_lock(&r->lock);
   rdma_host *h = r->hosts;
   while (h && strcmp(h->key, key)) h = h->next;
   if (h && h->valid) {
+    w.has_sa = h->has_sa;
+    w.sa = h->sa;
     while (h->npool > 0 && ep == NULL) {
       cxr_rdma_ep *e = h->pool[--h->npool];
       e->pooled = false;
@@ -396,7 +419,8 @@ static cxr_rdma_ep *warm(cxr_rdma *r, const char *key) {
   }
   pthread_mutex_unlock(&r->lock);
   if (ep == NULL && wa != NULL) {
-    if (ep_from_waddr(r, key, wa, &ep) != 0) ep = NULL;
+    w.wa = wa;
+    if (ep_from_waddr(r, key, &w, &ep) != 0) ep = NULL;
   }
   free(wa);
   if (ep) schedule_refill(r, key);
@@ -432,6 +456,11 @@ static int cold(cxr_rdma *r, const char *key, const struct sockaddr_in *sa, int6
   }
   pthread_mutex_lock(&r->lock);
   r->cold++;
+  for (rdma_host *h = r->hosts; h; h = h->next)
+    if (!strcmp(h->key, key)) {
+      h->sa = *sa;
+      h->has_sa = true;
+    }
   pthread_mutex_unlock(&r->lock);
   schedule_refill(r, key);
   *out = ep;

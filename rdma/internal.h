@@ -2,6 +2,7 @@
 #ifndef CXRPC_RDMA_INTERNAL_H
 #define CXRPC_RDMA_INTERNAL_H
 
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <ucp/api/ucp.h>
@@ -52,6 +53,8 @@ typedef struct rdma_host {
   size_t waddr_len;
   rdma_export *exps;
   unsigned nexps;
+  struct sockaddr_in sa;  /* where its listener answered */
+  bool has_sa;
   cxr_rdma_ep *pool[POOL_MAX];
   unsigned npool;
   bool valid;
