@@ -1,0 +1,434 @@
+/* Calls across racks, the server half: a channel's UCX listener, replicas of clients' heaps,
+ * result heaps, dispatch on the listener's progress thread (see rpc/remote_client.c). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rpc/remote_int.h"
+
+typedef struct rres {
+  uint64_t root;
+  uint32_t n;
+  uint64_t *blocks;
+} rres;
+
+typedef struct rsconn {
+  struct rsconn *next;
+  cxr_rdma_ep *ep;   /* the accepted endpoint it came through (NULL: a pooled one) */
+  uint64_t id, token;
+  uintptr_t hc_addr;
+  size_t hc_size;
+  cxr_heap *hs;
+  cxr__sconn sc;     /* what cxr_call_heap and the counters read */
+  cxr__cslot slot;
+  char who[64];
+  rres *res;
+  uint32_t nres, rescap;
+} rsconn;
+
+struct cxr__rlisten {
+  cxr_channel *ch;
+  cxr_rdma *r;
+  spares heaps;  /* empty result heaps for the next connections */
+  pthread_mutex_t lock;
+  rsconn *conns;
+  uint64_t next_id;
+  unsigned nconns;
+};
+
+struct cxr__rcall {
+  rsconn *rc;
+  cxr_range *ranges;
+  size_t nranges;
+  bool set;
+};
+
+static rsconn *sfind(struct cxr__rlisten *l, uint64_t id) {
+  for (rsconn *c = l->conns; c; c = c->next)
+    if (c->id == id) return c;
+  return NULL;
+}
+
+static void res_free(rsconn *c, uint32_t i) {
+  for (uint32_t k = 0; k < c->res[i].n; k++) cxr_heap_free(c->hs, (void *)(uintptr_t)c->res[i].blocks[k]);
+  free(c->res[i].blocks);
+  c->res[i] = c->res[--c->nres];
+}
+
+static void release_root(rsconn *c, uint64_t root) {
+  for (uint32_t i = 0; i < c->nres; i++)
+    if (c->res[i].root == root) {
+      res_free(c, i);
+      return;
+    }
+}
+
+static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
+  while (c->nres) res_free(c, 0);
+  free(c->res);
+  if (l) cxr__rem_spare_give(&l->heaps, c->hs);
+  else if (c->hs) cxr_heap_close(c->hs);
+  cxr__rem_replica_unmap(c->hc_addr, c->hc_size);
+  free(c);
+}
+
+/* A client that came through our listener went away (died or closed): its connections go
+ * too. Deferred to the progress thread, after whatever handler is running. */
+typedef struct gone_arg {
+  struct cxr__rlisten *l;
+  cxr_rdma_ep *ep;
+} gone_arg;
+
+static void reap_gone(void *arg) {
+  gone_arg g = *(gone_arg *)arg;
+  free(arg);
+  for (;;) {
+    pthread_mutex_lock(&g.l->lock);
+    rsconn *c = NULL;
+    for (rsconn **pp = &g.l->conns; *pp; pp = &(*pp)->next)
+      if ((*pp)->ep == g.ep) {
+        c = *pp;
+        *pp = c->next;
+        g.l->nconns--;
+        break;
+      }
+    pthread_mutex_unlock(&g.l->lock);
+    if (c == NULL) break;
+    CXR_INFO("remote %s: client %s gone: connection %llu reclaimed", g.l->ch->name, c->who,
+             (unsigned long long)c->id);
+    sconn_destroy(g.l, c);
+  }
+}
+
+static void on_client_gone(cxr_rdma_ep *ep, int err, void *user) {
+  gone_arg *g = malloc(sizeof *g);
+  if (g == NULL) return;
+  g->l = user;
+  g->ep = ep;
+  if (cxr_rdma_defer(g->l->r, reap_gone, g) != 0) free(g);
+}
+
+static void reply_open(cxr_rdma_msg *m, int st, uint64_t token, uint64_t id, cxr_heap *hs) {
+  r_open_rep rep = {.magic = R_MAGIC, .status = st, .token = token, .conn_id = id};
+  if (hs) {
+    rep.rs_addr = (uint64_t)(uintptr_t)cxr_heap_base(hs);
+    rep.rs_size = cxr_heap_size(hs);
+  }
+  cxr_rdma_reply(m, R_OPEN_REP, &rep, sizeof rep, NULL, 0, 0);
+}
+
+static void on_open(cxr_rdma_msg *m, void *user) {
+  struct cxr__rlisten *l = user;
+  cxr_channel *ch = l->ch;
+  size_t hl;
+  const r_open *h = cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h || h->magic != R_MAGIC) return;
+  r_open op = *h;
+  op.chan[CXR__CHAN_NAME_MAX] = '\0';
+  op.who[sizeof op.who - 1] = '\0';
+  if (strcmp(op.chan, ch->name) != 0) return reply_open(m, CXR_ENOENT, op.token, 0, NULL);
+  pthread_mutex_lock(&l->lock);
+  bool full = l->nconns >= ch->o.max_conns;
+  uint64_t id = ++l->next_id;
+  pthread_mutex_unlock(&l->lock);
+  if (full) return reply_open(m, CXR_EFULL, op.token, 0, NULL);
+  int rc = cxr__rem_replica_map(op.heap_addr, op.heap_size);
+  if (rc) return reply_open(m, rc, op.token, 0, NULL);
+  rsconn *c = calloc(1, sizeof *c);
+  rc = c ? 0 : CXR_ENOMEM;
+  if (c && (c->hs = cxr__rem_spare_take(&l->heaps, ch->o.conn_heap_size)) == NULL)
+    rc = cxr__rem_heap_new(&c->hs, "rs", ch->name, ch->o.conn_heap_size);
+  if (rc) {
+    free(c);
+    cxr__rem_replica_unmap(op.heap_addr, op.heap_size);
+    return reply_open(m, rc, op.token, 0, NULL);
+  }
+  c->id = id;
+  c->token = op.token;
+  c->ep = m->ref;
+  if (c->ep) {
+    cxr_rdma_ep_on_error(c->ep, on_client_gone, l);
+    if (cxr_rdma_ep_status(c->ep) != 0) on_client_gone(c->ep, cxr_rdma_ep_status(c->ep), l);
+  }
+  c->hc_addr = op.heap_addr;
+  c->hc_size = op.heap_size;
+  snprintf(c->who, sizeof c->who, "%s", op.who);
+  c->sc.heap = c->hs;
+  c->sc.slot = &c->slot;
+  c->sc.index = (unsigned)id;
+  pthread_mutex_lock(&l->lock);
+  c->next = l->conns;
+  l->conns = c;
+  l->nconns++;
+  pthread_mutex_unlock(&l->lock);
+  CXR_DEBUG("remote %s: connection %llu from %s", ch->name, (unsigned long long)id, c->who);
+  reply_open(m, 0, op.token, id, c->hs);
+}
+
+static void on_close(cxr_rdma_msg *m, void *user) {
+  struct cxr__rlisten *l = user;
+  size_t hl;
+  const r_close *h = cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h || h->magic != R_MAGIC) return;
+  pthread_mutex_lock(&l->lock);
+  rsconn *c = NULL;
+  for (rsconn **pp = &l->conns; *pp; pp = &(*pp)->next)
+    if ((*pp)->id == h->conn_id) {
+      c = *pp;
+      *pp = c->next;
+      l->nconns--;
+      break;
+    }
+  pthread_mutex_unlock(&l->lock);
+  if (c) sconn_destroy(l, c);
+  r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token};
+  cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, NULL, 0, 0);
+}
+
+static void reply_call(cxr_rdma_msg *m, const r_call *h, uint64_t token, int st, void *result,
+                       const cxr_range *rg, size_t nr) {
+  r_call_rep rep = {.magic = R_MAGIC, .status = st, .token = token, .call_id = h->call_id,
+                    .result = (uint64_t)(uintptr_t)result, .nranges = (uint32_t)nr};
+  struct iovec stack_iov[9];
+  struct iovec *iov = nr + 1 <= 9 ? stack_iov : malloc((nr + 1) * sizeof *iov);
+  r_range *tab = malloc(nr ? nr * sizeof *tab : 1);
+  if (iov == NULL || tab == NULL) {
+    rep.status = CXR_ENOMEM, rep.result = 0, rep.nranges = 0, nr = 0;
+  }
+  size_t n = 0;
+  if (nr) iov[n++] = (struct iovec){tab, nr * sizeof *tab};
+  for (size_t i = 0; i < nr; i++) {
+    tab[i] = (r_range){(uint64_t)(uintptr_t)rg[i].p, rg[i].len};
+    if (rg[i].len) iov[n++] = (struct iovec){(void *)rg[i].p, rg[i].len};
+  }
+  int rc = cxr_rdma_reply(m, R_CALL_REP, &rep, sizeof rep, n ? iov : NULL, n, 0);
+  if (rc) CXR_DEBUG("remote: reply to call %llx failed: %s", (unsigned long long)h->call_id,
+                    cxr_strerror(rc));
+  if (iov != stack_iov) free(iov);
+  free(tab);
+}
+
+/* Checks a call's data against the replica and copies it in. */
+static int land_args(rsconn *c, const r_call *h, const char *d, size_t dl, const char **inl) {
+  if (h->nranges > R_MAX_RANGES || h->nrel > R_MAX_REL || h->inline_len > CXR__INLINE_MAX)
+    return CXR_EPROTO;
+  size_t meta = h->nranges * sizeof(r_range) + h->nrel * sizeof(uint64_t) + h->inline_len;
+  if (meta > dl) return CXR_EPROTO;
+  const char *tab = d;
+  size_t off = meta, total = 0;
+  for (uint32_t i = 0; i < h->nranges; i++) {
+    r_range g;
+    memcpy(&g, tab + i * sizeof g, sizeof g);
+    if (!cxr__rem_inside(g.addr, g.len, c->hc_addr, c->hc_size)) return CXR_EBADPTR;
+    if (g.len > dl - off - total) return CXR_EPROTO;
+    total += g.len;
+  }
+  if (off + total != dl) return CXR_EPROTO;
+  for (uint32_t i = 0; i < h->nranges; i++) {
+    r_range g;
+    memcpy(&g, tab + i * sizeof g, sizeof g);
+    if (g.len) memcpy((void *)(uintptr_t)g.addr, d + off, g.len);
+    off += g.len;
+  }
+  for (uint32_t i = 0; i < h->nrel; i++) {
+    uint64_t root;
+    memcpy(&root, d + h->nranges * sizeof(r_range) + i * sizeof root, sizeof root);
+    release_root(c, root);
+  }
+  *inl = d + h->nranges * sizeof(r_range) + h->nrel * sizeof(uint64_t);
+  return 0;
+}
+
+/* Records which blocks of our heap a result occupies, so a release frees them all. */
+static void keep_result(rsconn *c, void *result, const cxr_range *rg, size_t nr) {
+  if (result == NULL) return;
+  if (c->nres == c->rescap) {
+    uint32_t cap = c->rescap ? 2 * c->rescap : 16;
+    rres *n = realloc(c->res, cap * sizeof *n);
+    if (n == NULL) return;
+    c->res = n;
+    c->rescap = cap;
+  }
+  rres *r = &c->res[c->nres];
+  r->root = (uint64_t)(uintptr_t)result;
+  r->blocks = malloc((nr + 1) * sizeof *r->blocks);
+  r->n = 0;
+  if (r->blocks == NULL) return;
+  r->blocks[r->n++] = r->root;
+  for (size_t i = 0; i < nr; i++)
+    if (rg[i].p != result && cxr_heap_usable_size(c->hs, rg[i].p) > 0)
+      r->blocks[r->n++] = (uint64_t)(uintptr_t)rg[i].p;
+  c->nres++;
+}
+
+static void on_call(cxr_rdma_msg *m, void *user) {
+  struct cxr__rlisten *l = user;
+  cxr_channel *ch = l->ch;
+  size_t hl, dl;
+  const r_call *hp = cxr_rdma_msg_hdr(m, &hl);
+  const char *d = cxr_rdma_msg_data(m, &dl);
+  if (hl != sizeof *hp || hp->magic != R_MAGIC) return;
+  r_call h = *hp;
+  pthread_mutex_lock(&l->lock);
+  rsconn *c = sfind(l, h.conn_id);
+  pthread_mutex_unlock(&l->lock);
+  if (c == NULL) return reply_call(m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
+  cxr__srv_ctr *ctr = &c->slot.srv;
+  CXR__ADD(&ctr->calls, 1);
+  CXR__ADD(&ctr->bytes_in, dl);
+  const char *inl = NULL;
+  int st = land_args(c, &h, d, dl, &inl);
+  if (st) {
+    CXR__ADD(&ctr->malformed, 1);
+    return reply_call(m, &h, c->token, st, NULL, NULL, 0);
+  }
+  unsigned char inl_buf[CXR__INLINE_MAX] __attribute__((aligned(16)));
+  struct cxr__rcall rcall = {.rc = c};
+  cxr_call call = {.ch = ch, .sc = &c->sc, .call_id = h.call_id, .method = h.method,
+                   .flags = h.flags & CXR_CALL_INLINE, .remote = &rcall};
+  if (h.flags & CXR_CALL_INLINE) {
+    memcpy(inl_buf, inl, h.inline_len);
+    call.args = inl_buf;
+    call.arg_len = h.inline_len;
+  } else if (h.args != 0) {
+    if (!cxr__rem_inside(h.args, h.arg_len ? h.arg_len : 1, c->hc_addr, c->hc_size))
+      return reply_call(m, &h, c->token, CXR_EBADPTR, NULL, NULL, 0);
+    call.args = (const void *)(uintptr_t)h.args;
+    call.arg_len = h.arg_len;
+  }
+  const cxr__method *me = NULL;
+  void *result = NULL;
+  if (!__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE) || __atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
+    st = CXR_EAGAIN;  /* opened but not serving (yet, or any more) */
+  else if ((me = cxr__method_find(ch, h.method)) == NULL)
+    st = CXR_ENOMETHOD;
+  else if (h.deadline_rel <= 0)
+    st = CXR_ETIMEDOUT;
+  if (st == 0) {
+    /* The client's clock is not ours: its deadline arrives as time left. */
+    call.deadline = cxr_now_ns() + h.deadline_rel;
+    st = cxr__dispatch(&call, me->fn, me->user, &result);
+    if (st > 0 || st < CXR_ERRNO_MIN) st = CXR_EIO;
+  }
+  if (st == 0 && cxr_now_ns() > call.deadline) CXR__ADD(&ctr->expired, 1);
+  cxr_range one;
+  const cxr_range *rg = NULL;
+  size_t nr = 0;
+  if (result != NULL && !cxr_heap_contains(c->hs, result, 1)) {
+    CXR_WARN("remote %s: handler for method %u returned a pointer outside the call heap",
+             ch->name, h.method);
+    st = CXR_EBADPTR;
+    result = NULL;
+  }
+  if (result != NULL && rcall.set) {
+    rg = rcall.ranges;
+    nr = rcall.nranges;
+  } else if (result != NULL) {
+    one = (cxr_range){result, cxr_heap_usable_size(c->hs, result)};
+    if (one.len == 0) one.len = 1;
+    rg = &one;
+    nr = 1;
+  }
+  for (size_t i = 0; i < nr; i++)
+    if (!cxr_heap_contains(c->hs, rg[i].p, rg[i].len ? rg[i].len : 1) &&
+        !cxr__rem_inside((uintptr_t)rg[i].p, rg[i].len, c->hc_addr, c->hc_size)) {
+      CXR_WARN("remote %s: result range %zu is outside the connection's heaps", ch->name, i);
+      st = CXR_EBADPTR;
+    }
+  if (st != 0) {
+    if (result) cxr_heap_free(c->hs, result);
+    result = NULL;
+    nr = 0;
+    CXR__ADD(&ctr->errors, 1);
+  }
+  keep_result(c, result, rg, nr);
+  size_t out = 0;
+  for (size_t i = 0; i < nr; i++) out += rg[i].len;
+  CXR__ADD(&ctr->bytes_out, out);
+  reply_call(m, &h, c->token, st, result, rg, nr);
+  free(rcall.ranges);
+}
+
+int cxr__remote_listen(cxr_channel *ch, const char *listen) {
+  if (strncmp(listen, "ucx://", 6) != 0 || strlen(listen) > 6 + 79) return CXR_EINVAL;
+  struct cxr__rlisten *l = calloc(1, sizeof *l);
+  if (l == NULL) return CXR_ENOMEM;
+  l->ch = ch;
+  pthread_mutex_init(&l->lock, NULL);
+  pthread_mutex_init(&l->heaps.lock, NULL);
+  /* Result heaps ready before the first client, as the pod keeps a pool of ready slots. */
+  for (unsigned i = 0; i < ch->o.pool && i < 8; i++) {
+    cxr_heap *h;
+    if (cxr__rem_heap_new(&h, "rs", ch->name, ch->o.conn_heap_size) == 0) cxr__rem_spare_give(&l->heaps, h);
+  }
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.listen = listen + 6;
+  int rc = cxr_rdma_open(&l->r, &o);
+  if (rc == 0) rc = cxr__am_set(l->r, R_OPEN, on_open, l, 0);
+  if (rc == 0) rc = cxr__am_set(l->r, R_CALL, on_call, l, 0);
+  if (rc == 0) rc = cxr__am_set(l->r, R_CLOSE, on_close, l, 0);
+  if (rc != 0) {
+    CXR_ERR("channel %s: cannot listen on %s: %s", ch->name, listen, cxr_strerror(rc));
+    cxr_rdma_close(l->r);
+    cxr__rem_spares_drop(&l->heaps);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+    return rc;
+  }
+  CXR_INFO("channel %s: listening on %s (port %d)", ch->name, listen, cxr_rdma_port(l->r));
+  ch->remote = l;
+  return 0;
+}
+
+void cxr__remote_stop(cxr_channel *ch) {
+  struct cxr__rlisten *l = ch->remote;
+  if (l == NULL) return;
+  ch->remote = NULL;
+  cxr_rdma_close(l->r);  /* no handler runs after this */
+  while (l->conns) {
+    rsconn *c = l->conns;
+    l->conns = c->next;
+    sconn_destroy(NULL, c);
+  }
+  cxr__rem_spares_drop(&l->heaps);
+  pthread_mutex_destroy(&l->lock);
+  free(l);
+}
+
+cxr_range cxr__remote_arg_range(cxr_call *call) {
+  rsconn *c = call->remote->rc;
+  return (cxr_range){(const void *)c->hc_addr, c->hc_size};
+}
+
+int cxr__remote_set_result_ranges(cxr_call *call, const cxr_range *r, size_t n) {
+  struct cxr__rcall *rc = call->remote;
+  if (n > R_MAX_RANGES) return CXR_EINVAL;
+  cxr_range *copy = n ? malloc(n * sizeof *copy) : NULL;
+  if (n && copy == NULL) return CXR_ENOMEM;
+  if (n) memcpy(copy, r, n * sizeof *copy);
+  free(rc->ranges);
+  rc->ranges = copy;
+  rc->nranges = n;
+  rc->set = true;
+  return 0;
+}
+
+int cxr__remote_peer(cxr_call *call, cxr_peer *out) {
+  rsconn *c = call->remote->rc;
+  out->pid = -1;
+  out->uid = 0;
+  snprintf(out->host, sizeof out->host, "%s", c->who);
+  out->trusted = !call->ch->o.untrusted;
+  return 0;
+}
+
+/* Port the channel's listener is bound to (tests and tools): 0 when not listening. */
+int cxr__remote_port(cxr_channel *ch) {
+  return ch && ch->remote ? cxr_rdma_port(ch->remote->r) : 0;
+}
