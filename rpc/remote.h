@@ -1,5 +1,5 @@
 /*
- * Private to rpc/: calls to and from other racks over UCX (rpc/remote.c). The rest of
+ * Private to rpc/: calls to and from other racks over UCX (rpc/remote_*.c). The rest of
  * rpc/ reaches it only through these hooks, each one line at the top of a public function
  * when the object is remote.
  */

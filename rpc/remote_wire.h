@@ -1,6 +1,6 @@
 /*
  * Private to rpc/ (and the hostile-peer tests): the wire format of calls across racks
- * (rpc/remote.c). Active message ids, headers and the range table that precedes the bytes.
+ * (rpc/remote_*.c). Active message ids, headers and the range table that precedes the bytes.
  *
  *   OPEN     client -> server  r_open                      (reply OPEN_REP r_open_rep)
  *   CALL     client -> server  r_call; data: r_range[nranges], uint64_t rel[nrel],
