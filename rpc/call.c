@@ -223,9 +223,12 @@ static bool final(uint32_t s) {
 
 /* Waits until f has an outcome, its deadline passes, the peer dies, or `until` (absolute)
  * passes. Returns 0 when f is final, CXR_EAGAIN when `until` passed first. */
+static __thread cxr__waitpol tl_wait;
+
 static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
-  const int64_t spin = cxr__spin_ns(), yield_ns = cxr__yield_ns();
-  int64_t start = cxr_now_ns();
+  int64_t start = cxr_now_ns(), spin, yield_ns;
+  cxr__wait_windows(&tl_wait, start, &spin, &yield_ns);
+  bool checked = false;
   for (unsigned i = 0;; i++) {
     if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) return 0;
     drain(c);
@@ -245,6 +248,10 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
     if (idle < spin) {
       cxr__cpu_relax();
       continue;
+    }
+    if (!checked && spin > 0) { /* the spin window ran out: were we preempted meanwhile? */
+      checked = true;
+      if (cxr__wait_contended(&tl_wait, now)) yield_ns = 0;
     }
     if (idle < spin + yield_ns) {
       sched_yield();

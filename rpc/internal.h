@@ -101,6 +101,22 @@ static inline void cxr__cpu_relax(void) {
 #endif
 }
 void cxr__process_barrier(void);
+
+/* Per-thread waiting policy (CXRPC_WAIT=adaptive|spin|block, default adaptive). Spinning
+ * pays while the peer has a CPU. With "adaptive", a thread preempted during a spin window (more
+ * runnable threads than CPUs: spinning and yielding only delay the peer) sleeps at once for
+ * the next 50 ms, then probes spinning again. The signal is the thread's involuntary
+ * context switches (getrusage), read only when a spin window runs out, never on the fast
+ * path. "block" always sleeps at once. */
+typedef struct cxr__waitpol {
+  int64_t block_until;   /* 0: spinning allowed */
+  uint64_t preempt;      /* involuntary switches at the last check */
+} cxr__waitpol;
+/* The spin and yield windows for a wait starting now. */
+void cxr__wait_windows(cxr__waitpol *p, int64_t now, int64_t *spin, int64_t *yield);
+/* Called when the spin window ran out: true (and block from now on, for a while) if the
+ * thread was preempted since the last check. */
+bool cxr__wait_contended(cxr__waitpol *p, int64_t now);
 /* CLOCK_MONOTONIC_COARSE: a few ns instead of ~25, at most one tick (1-4 ms) behind
  * cxr_now_ns(). "coarse > deadline" therefore still means the deadline passed. */
 int64_t cxr__coarse_ns(void);

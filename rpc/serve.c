@@ -162,10 +162,12 @@ void *cxr__worker_main(void *arg) {
   unsigned id = __atomic_fetch_add(&ch->wnext, 1, __ATOMIC_ACQ_REL);
   if (id >= CXR__MAX_WORKERS) return NULL;
   cxr__wpass *ws = &ch->wpass[id];
-  const int64_t base_spin = cxr__spin_ns(), yield_ns = cxr__yield_ns();
-  int64_t spin = base_spin;
-  int64_t last = cxr_now_ns();
+  cxr__waitpol pol = {0, 0};
+  int64_t base_spin, yield_ns;
+  cxr__wait_windows(&pol, cxr_now_ns(), &base_spin, &yield_ns);
+  int64_t spin = base_spin, last = cxr_now_ns();
   unsigned empty = 0;
+  bool checked = false;
   while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
     if (poll_once(ch, ws) != 0) {
       empty = 0;
@@ -177,11 +179,18 @@ void *cxr__worker_main(void *arg) {
       cxr__cpu_relax();
       continue;
     }
-    if (empty == 1) last = cxr_now_ns();
-    int64_t idle = cxr_now_ns() - last;
+    if (empty == 1) {
+      last = cxr_now_ns();
+      checked = false;
+    }
+    int64_t now = cxr_now_ns(), idle = now - last;
     if (idle < spin) {
       cxr__cpu_relax();
       continue;
+    }
+    if (!checked && spin > 0) { /* the window ran out: preempted meanwhile? then block */
+      checked = true;
+      if (cxr__wait_contended(&pol, now)) yield_ns = 0;
     }
     if (idle < spin + yield_ns) {
       sched_yield();
@@ -196,9 +205,16 @@ void *cxr__worker_main(void *arg) {
     __atomic_fetch_sub(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
     last = cxr_now_ns();
     empty = 0;
-    /* Adapt: woken soon after falling asleep means calls come at a pace the spin window
+    /* Windows for the next idle period: none while blocking after contention. Otherwise
+     * adapt: woken soon after falling asleep means calls come at a pace the spin window
      * just missed, so widen it (up to 1 ms); a long sleep shrinks it back. */
-    if (last - slept < 4 * spin) {
+    int64_t want_spin;
+    cxr__wait_windows(&pol, last, &want_spin, &yield_ns);
+    if (want_spin == 0) {
+      spin = 0;
+    } else if (spin == 0) {
+      spin = base_spin;
+    } else if (last - slept < 4 * spin) {
       if (spin < 1000000) spin *= 2;
     } else if (spin > base_spin) {
       spin /= 2;

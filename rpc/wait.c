@@ -9,6 +9,8 @@
 #include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -88,4 +90,54 @@ void cxr__process_barrier(void) {
     struct timespec ts = {0, 10000000};
     nanosleep(&ts, NULL);
   }
+}
+
+/* Involuntary context switches of this thread so far (RUSAGE_THREAD). */
+static uint64_t preemptions(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_THREAD, &ru) == 0 ? (uint64_t)ru.ru_nivcsw : 0;
+}
+
+#define BLOCK_NS 50000000 /* how long a thread blocks at once after seeing contention */
+
+/* CXRPC_WAIT: "adaptive" (default: spin, yield, then sleep; but after being preempted
+ * during a spin window, sleep at once for a while), "spin" (never give up spinning early),
+ * "block" (always sleep at once, like a socket). Read once. */
+enum { WAIT_SPIN = 1, WAIT_ADAPTIVE = 2, WAIT_BLOCK = 3 };
+static int wait_mode(void) {
+  static int mode;
+  int m = __atomic_load_n(&mode, __ATOMIC_RELAXED);
+  if (m == 0) {
+    const char *s = getenv("CXRPC_WAIT");
+    m = s && !strcmp(s, "spin") ? WAIT_SPIN : s && !strcmp(s, "block") ? WAIT_BLOCK : WAIT_ADAPTIVE;
+    __atomic_store_n(&mode, m, __ATOMIC_RELAXED);
+  }
+  return m;
+}
+
+void cxr__wait_windows(cxr__waitpol *p, int64_t now, int64_t *spin, int64_t *yield) {
+  if (wait_mode() == WAIT_BLOCK) {
+    *spin = *yield = 0;
+    return;
+  }
+  if (p->block_until != 0) {
+    if (now < p->block_until) {
+      *spin = *yield = 0;
+      return;
+    }
+    p->block_until = 0; /* probe: spin again, starting a fresh preemption count */
+    p->preempt = preemptions();
+  }
+  *spin = cxr__spin_ns();
+  *yield = cxr__yield_ns();
+}
+
+bool cxr__wait_contended(cxr__waitpol *p, int64_t now) {
+  if (wait_mode() != WAIT_ADAPTIVE) return false;
+  if (cxr__spin_ns() == 0 || p->block_until != 0) return p->block_until != 0;
+  uint64_t n = preemptions();
+  bool contended = n != p->preempt;
+  p->preempt = n;
+  if (contended) p->block_until = now + BLOCK_NS;
+  return contended;
 }
