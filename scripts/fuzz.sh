@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 SECS=${CXR_FUZZ_SECONDS:-30}
-OB=${CXR_FUZZ_OUTPUT_BASE:-/root/.cache/bazel-cxrpc-fuzz}
+OB=${CXR_FUZZ_OUTPUT_BASE:-${HOME:-/root}/.cache/bazel-cxrpc-fuzz}
 FUZZERS=(validate_fuzz plugin_fuzz)
 work=$(mktemp -d /tmp/cxrpc-fuzz.XXXX)
 echo "fuzz: work folder $work, $SECS s per fuzzer"
