@@ -54,6 +54,8 @@ typedef struct cxr_rdma_opts {
 } cxr_rdma_opts;
 
 void cxr_rdma_opts_init(cxr_rdma_opts *o);
+/* Also sets SIGPIPE to ignored if it is at its default: a peer dying while UCX writes to
+ * its socket must end calls with an error, not kill this process. */
 int cxr_rdma_open(cxr_rdma **r, const cxr_rdma_opts *o);
 /* Closes every endpoint, stops the progress thread, unregisters memory. */
 void cxr_rdma_close(cxr_rdma *r);

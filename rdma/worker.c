@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -507,9 +508,24 @@ static int parse_hostport(const char *s, struct sockaddr_in *sa) {
 
 int cxr__parse_hostport(const char *s, struct sockaddr_in *sa) { return parse_hostport(s, sa); }
 
+/* A peer that dies mid-write must cost an error code, not the process: some UCX socket
+ * paths write without MSG_NOSIGNAL, so SIGPIPE is ignored unless the application handles
+ * it itself (we change it only from the default, once). */
+static void ignore_sigpipe(void) {
+  struct sigaction sa;
+  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(SIGPIPE, &sa, NULL);
+  }
+}
+
 int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   if (out == NULL) return CXR_EINVAL;
   *out = NULL;
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, ignore_sigpipe);
   cxr_rdma_opts def;
   if (o == NULL) {
     cxr_rdma_opts_init(&def);
