@@ -74,11 +74,14 @@ int cxr_rdma_connect(cxr_rdma *r, const char *hostport, int64_t deadline_ns,
  * CXR_ENOTCONN when the link failed). */
 int cxr_rdma_ep_status(const cxr_rdma_ep *ep);
 const char *cxr_rdma_ep_host(const cxr_rdma_ep *ep);
-/* cb runs once on the progress thread when the endpoint fails (not on a close). */
+/* cb runs once when the endpoint fails (not on a close), inside UCX's progress on whichever
+ * thread drives it: it must not block or call cxr_rdma functions other than
+ * cxr_rdma_defer (which runs work on the progress thread). */
 int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *ep, int err, void *user),
                          void *user);
 void cxr_rdma_ep_close(cxr_rdma_ep *ep);
-/* Forgets what the directory knows about a host (its next connect is cold). */
+/* Forgets what the directory knows about a host and closes its pooled endpoints (its next
+ * connect is cold). */
 void cxr_rdma_forget(cxr_rdma *r, const char *hostport);
 
 /* ---- active messages ---- */
