@@ -8,7 +8,8 @@
  *   protobuf-c   pack + unpack (+ free) of the same content, in one process: the least a
  *                protobuf peer pays, before any transport
  * The handler reads the root only (the call passes the tree; using it is the app's work).
- * Usage: idl_bench [iterations at 1 MiB, default 200]
+ * One server process per mode (trusted, untrusted); CXRPC_WAIT=spin unless set.
+ * Usage: idl_bench [in-process iterations at 1 MiB, default 200] [calls per size, 2000]
  */
 #include <signal.h>
 #include <stdio.h>
@@ -60,22 +61,50 @@ static int on_pass(cxr_call *call, const idlbench_Node *rq, idlbench_Ack **rs, v
   return 0;
 }
 
-static void serve(const char *relaxed, const char *checked, int ready_fd) {
-  static idlbench_Bench_server s1 = {.handlers = {.Pass = on_pass}};
-  static idlbench_Bench_server s2 = {.handlers = {.Pass = on_pass}};
-  cxr_channel *c1, *c2;
+static void serve(const char *name, bool untrusted, int ready_fd) {
+  static idlbench_Bench_server srv = {.handlers = {.Pass = on_pass}};
+  cxr_channel *ch;
   cxr_channel_opts o;
   cxr_channel_opts_init(&o);
   o.conn_heap_size = 64u << 20;
-  if (cxr_channel_open(&c1, relaxed, &o)) _exit(2);
-  o.untrusted = true;
-  if (cxr_channel_open(&c2, checked, &o)) _exit(2);
-  if (idlbench_Bench_serve(c1, &s1) || idlbench_Bench_serve(c2, &s2)) _exit(3);
-  if (cxr_channel_start(c1) || cxr_channel_start(c2)) _exit(4);
+  o.untrusted = untrusted;
+  if (cxr_channel_open(&ch, name, &o)) _exit(2);
+  if (idlbench_Bench_serve(ch, &srv)) _exit(3);
+  if (cxr_channel_start(ch)) _exit(4);
   char x = 1;
   if (write(ready_fd, &x, 1) != 1) _exit(5);
   pause();  /* until the parent kills us */
   _exit(0);
+}
+
+/* One server process per mode, so only one server worker polls while we measure. */
+static pid_t start_server(const char *name, bool untrusted, cxr_conn **c) {
+  int fds[2];
+  if (pipe(fds)) return -1;
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  /* never outlive the benchmark */
+    close(fds[0]);
+    serve(name, untrusted, fds[1]);
+  }
+  close(fds[1]);
+  char x;
+  ssize_t n = read(fds[0], &x, 1);
+  close(fds[0]);
+  if (n != 1 || cxr_connect(c, name, NULL) != 0) {
+    fprintf(stderr, "idl_bench: the %s server did not start\n", untrusted ? "untrusted" : "trusted");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+  }
+  return pid;
+}
+
+static void stop_server(pid_t pid, cxr_conn *c) {
+  cxr_conn_close(c);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
 }
 
 /* ---- trees of a given size ---- */
@@ -150,31 +179,38 @@ static idlbench_Node *tree_in_region(cxr_heap *h, size_t bytes, size_t *len) {
   return root;
 }
 
-static stats time_calls(cxr_conn *c, const idlbench_Node *t, int iters, unsigned flags,
-                        size_t arg_len) {
-  int64_t *v = malloc(sizeof(int64_t) * (size_t)iters);
+/* Calls with the three trees interleaved (1 KiB, 64 KiB, 1 MiB, 1 KiB, ...), so that every
+ * size sees the same machine: the ratios between sizes survive a noisy, shared host. */
+static void time_calls(cxr_conn *c, idlbench_Node *const t[3], const size_t len[3], int iters,
+                       unsigned flags, stats out[3]) {
+  int64_t *v[3];
+  int n[3] = {0, 0, 0}, rc = 0;
   cxr_call_opts o;
   cxr_call_opts_init(&o);
   o.flags = flags;
-  o.arg_len = arg_len;
-  int rc = 0, n = 0;
+  for (int k = 0; k < 3; k++) v[k] = malloc(sizeof(int64_t) * (size_t)iters);
   /* Warm up for 200 ms first: the rpc layer's waiting adapts to the call rate. */
-  for (int64_t end = cxr_now_ns() + 200000000; cxr_now_ns() < end && !rc;) {
-    idlbench_Ack *a = NULL;
-    rc = idlbench_Bench_Pass(c, t, &a, &o);
-    idlbench_Ack_free(cxr_conn_heap(c), a);
+  for (int64_t end = cxr_now_ns() + 200000000; cxr_now_ns() < end && !rc;)
+    for (int k = 0; k < 3 && !rc; k++) {
+      idlbench_Ack *a = NULL;
+      o.arg_len = len[k];
+      rc = idlbench_Bench_Pass(c, t[k], &a, &o);
+      idlbench_Ack_free(cxr_conn_heap(c), a);
+    }
+  for (int i = 0; i < iters && !rc; i++)
+    for (int k = 0; k < 3 && !rc; k++) {
+      idlbench_Ack *a = NULL;
+      o.arg_len = len[k];
+      int64_t t0 = cxr_now_ns();
+      rc = idlbench_Bench_Pass(c, t[k], &a, &o);
+      int64_t dt = cxr_now_ns() - t0;
+      if (!rc) v[k][n[k]++] = dt;
+      idlbench_Ack_free(cxr_conn_heap(c), a);
+    }
+  for (int k = 0; k < 3; k++) {
+    out[k] = summarize(v[k], n[k], rc);
+    free(v[k]);
   }
-  for (int i = 0; i < iters && !rc; i++) {
-    idlbench_Ack *a = NULL;
-    int64_t t0 = cxr_now_ns();
-    rc = idlbench_Bench_Pass(c, t, &a, &o);
-    int64_t dt = cxr_now_ns() - t0;
-    if (!rc) v[n++] = dt;
-    idlbench_Ack_free(cxr_conn_heap(c), a);
-  }
-  stats s = summarize(v, n, rc);
-  free(v);
-  return s;
 }
 
 static stats time_protobuf(const idlbench_Node *t, int iters, size_t *wire) {
@@ -221,37 +257,22 @@ static void cell(const stats *s) {
 }
 
 int main(int argc, char **argv) {
-  int iters_1m = argc > 1 ? atoi(argv[1]) : 200;
+  int iters_1m = argc > 1 ? atoi(argv[1]) : 200;  /* in-process runs at 1 MiB */
   if (iters_1m < 10) iters_1m = 10;
+  int calls = argc > 2 ? atoi(argv[2]) : 2000;     /* calls per size (interleaved) */
+  if (calls < 20) calls = 20;
   char root[] = "/dev/shm/cxrpc-idlbench.XXXXXX";
   if (!mkdtemp(root)) {
     perror("mkdtemp");
     return 1;
   }
   setenv("CXRPC_ROOT", root, 1);
+  /* The polling path, as rpc_bench measures it, unless the caller chose another mode:
+   * the adaptive default sleeps as soon as the CPUs are oversubscribed. */
+  setenv("CXRPC_WAIT", "spin", 0);
   char relaxed[32], checked[32];
   snprintf(relaxed, sizeof relaxed, "idlb-r-%d", (int)getpid());
   snprintf(checked, sizeof checked, "idlb-v-%d", (int)getpid());
-  int fds[2];
-  if (pipe(fds)) return 1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  /* never outlive the benchmark */
-    close(fds[0]);
-    serve(relaxed, checked, fds[1]);
-  }
-  close(fds[1]);
-  char x;
-  if (read(fds[0], &x, 1) != 1) {
-    fprintf(stderr, "idl_bench: the server did not start\n");
-    return 1;
-  }
-  cxr_conn *cr, *cv;
-  if (cxr_connect(&cr, relaxed, NULL) || cxr_connect(&cv, checked, NULL)) {
-    fprintf(stderr, "idl_bench: cannot connect\n");
-    kill(pid, SIGKILL);
-    return 1;
-  }
   double load = 0;
   FILE *lf = fopen("/proc/loadavg", "r");
   if (lf) {
@@ -261,8 +282,8 @@ int main(int argc, char **argv) {
   printf("idl_bench: one tree message (fanout 4, 16-byte names, 48-byte payloads) from this "
          "process to a server process;\nmedian / p99 in microseconds (best of %d rounds); "
          "protobuf-c = pack + unpack + free of the same content\nin one process (no transport); "
-         "load average at start %.1f on %ld CPUs.\n\n",
-         ROUNDS, load, sysconf(_SC_NPROCESSORS_ONLN));
+         "CXRPC_WAIT=%s; load average at start %.1f on %ld CPUs.\n\n",
+         ROUNDS, getenv("CXRPC_WAIT"), load, sysconf(_SC_NPROCESSORS_ONLN));
   printf("%-7s %6s %9s | %-19s | %-19s | %-19s | %-19s | %-19s | %8s %8s\n", "size", "nodes",
          "bytes", "cxrpc relaxed", "cxrpc validated", "sealed+validated", "validate alone",
          "protobuf-c", "pb/relax", "pb/valid");
@@ -270,33 +291,53 @@ int main(int argc, char **argv) {
   const char *labels[] = {"1 KiB", "64 KiB", "1 MiB"};
   stats res[3][5];
   size_t nodes[3], bytes[3];
-  /* Pass 1: everything but sealed calls, which change page protections in this process. */
+  for (int k = 0; k < 3; k++)
+    for (int j = 0; j < 5; j++) res[k][j] = (stats){0, 0, CXR_ENOSYS};
+  cxr_conn *c;
+  /* Trusted server: relaxed calls (and protobuf-c on the same trees). */
+  pid_t pid = start_server(relaxed, false, &c);
+  if (pid < 0) return 1;
+  idlbench_Node *t[3];
+  size_t zero[3] = {0, 0, 0}, slen[3];
+  stats col[3];
   for (int k = 0; k < 3; k++) {
-    int iters = k == 0 ? 20000 : k == 1 ? 2000 : iters_1m;
-    idlbench_Node *tr = tree(cxr_conn_heap(cr), sizes[k], &nodes[k]);
-    idlbench_Node *tv = tree(cxr_conn_heap(cv), sizes[k], &nodes[k]);
+    t[k] = tree(cxr_conn_heap(c), sizes[k], &nodes[k]);
     cxr_ranges rg;
     cxr_ranges_init(&rg);
-    idlbench_Node_ranges(tr, &rg);
+    idlbench_Node_ranges(t[k], &rg);
     bytes[k] = cxr_ranges_bytes(&rg);
     cxr_ranges_free(&rg);
-    res[k][0] = time_calls(cr, tr, iters, 0, 0);
-    res[k][1] = time_calls(cv, tv, iters, 0, 0);
-    res[k][3] = time_validate(cxr_conn_heap(cv), tv, iters);
-    size_t wire = 0;
-    res[k][4] = time_protobuf(tr, iters, &wire);
-    idlbench_Node_free(cxr_conn_heap(cr), tr);
-    idlbench_Node_free(cxr_conn_heap(cv), tv);
   }
-  /* Pass 2: sealed + validated; the whole graph in one sealed page range. */
+  time_calls(c, t, zero, calls, 0, col);
   for (int k = 0; k < 3; k++) {
-    int iters = k == 0 ? 20000 : k == 1 ? 2000 : iters_1m;
-    size_t slen = 0;
-    idlbench_Node *ts = tree_in_region(cxr_conn_heap(cv), sizes[k], &slen);
-    res[k][2] = ts ? time_calls(cv, ts, iters, CXR_CALL_SEAL, slen) : (stats){0, 0, CXR_ENOMEM};
-    cxr_conn_seal_flush(cv);  /* released pages become writable again before reuse */
-    cxr_heap_free(cxr_conn_heap(cv), ts);
+    size_t wire = 0;
+    res[k][0] = col[k];
+    res[k][4] = time_protobuf(t[k], k == 0 ? 20000 : k == 1 ? 2000 : iters_1m, &wire);
+    idlbench_Node_free(cxr_conn_heap(c), t[k]);
   }
+  stop_server(pid, c);
+  /* Untrusted server: validated calls, then sealed + validated (the whole graph in one
+   * sealed page range), and the validator alone in this process. */
+  pid = start_server(checked, true, &c);
+  if (pid < 0) return 1;
+  for (int k = 0; k < 3; k++) {
+    size_t n;
+    t[k] = tree(cxr_conn_heap(c), sizes[k], &n);
+  }
+  time_calls(c, t, zero, calls, 0, col);
+  for (int k = 0; k < 3; k++) {
+    res[k][1] = col[k];
+    res[k][3] = time_validate(cxr_conn_heap(c), t[k], k == 0 ? 20000 : k == 1 ? 2000 : iters_1m);
+    idlbench_Node_free(cxr_conn_heap(c), t[k]);
+    t[k] = tree_in_region(cxr_conn_heap(c), sizes[k], &slen[k]);
+  }
+  if (t[0] && t[1] && t[2]) {
+    time_calls(c, t, slen, calls / 4, CXR_CALL_SEAL, col);
+    for (int k = 0; k < 3; k++) res[k][2] = col[k];
+  }
+  cxr_conn_seal_flush(c);  /* released pages become writable again before reuse */
+  for (int k = 0; k < 3; k++) cxr_heap_free(cxr_conn_heap(c), t[k]);
+  stop_server(pid, c);
   for (int k = 0; k < 3; k++) {
     stats *r = res[k];
     printf("%-7s %6zu %9zu |", labels[k], nodes[k], bytes[k]);
@@ -307,10 +348,6 @@ int main(int argc, char **argv) {
   printf("\nrelaxed call, 1 MiB vs 1 KiB: %.2fx (target <= 2x); protobuf-c / relaxed at 1 MiB: "
          "%.0fx (target >= 100x)\n",
          res[2][0].med_us / res[0][0].med_us, res[2][4].med_us / res[2][0].med_us);
-  cxr_conn_close(cr);
-  cxr_conn_close(cv);
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
   if (system(cmd) != 0) fprintf(stderr, "idl_bench: could not remove %s\n", root);
