@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -71,9 +72,10 @@ class Hostile : public ::testing::Test {
     const char *t = getenv("TEST_TMPDIR");
     root = std::string(t ? t : "/tmp") + "/hostile";
     mkdir(root.c_str(), 0700);
-    // A port of our own: loopback is shared by the suites running in parallel.
+    // A port of our own: loopback is shared by the suites running in parallel (the same pid
+    // in every sandbox), and recently used ports linger in TIME_WAIT: vary, and retry.
     for (int tries = 0; tries < 20; tries++) {
-      int port = 20000 + (int)((getpid() * 7 + tries * 101) % 30000);
+      int port = 20000 + (int)((getpid() * 7 + time(nullptr) * 31 + tries * 101) % 30000);
       host = "127.0.0.1:" + std::to_string(port);
       cxrt::Proc p;
       ASSERT_TRUE(p.start({"tests/netns/remote_peer", "server", "kv", "ucx://" + host},
@@ -225,6 +227,113 @@ TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(c.line(15000).rfind("ok", 0), 0u);
   EXPECT_EQ(c.stop(), 0);
   EXPECT_EQ(server.stop(), 0);
+}
+
+// The other way round: a hostile server. A client (a real process) connects to a fake
+// listener that answers opens correctly and calls with broken replies; each call ends with
+// an error code and the client keeps working.
+struct FakeServer {
+  std::atomic<int> mode{0};
+  uint64_t rs = 0;  // the "result heap" it claims, in pod 6's slice
+};
+
+void fake_open(cxr_rdma_msg *m, void *user) {
+  FakeServer *f = (FakeServer *)user;
+  size_t hl;
+  const r_open *h = (const r_open *)cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h) return;
+  r_open_rep rep = {R_MAGIC, 0, h->token, 1, f->rs, 1 << 20};
+  cxr_rdma_reply(m, R_OPEN_REP, &rep, sizeof rep, nullptr, 0, 0);
+}
+
+void fake_close(cxr_rdma_msg *m, void *user) {
+  size_t hl;
+  const r_close *h = (const r_close *)cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h) return;
+  r_close ack = *h;
+  cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, nullptr, 0, 0);
+}
+
+void fake_call(cxr_rdma_msg *m, void *user) {
+  FakeServer *f = (FakeServer *)user;
+  size_t hl;
+  const r_call *h = (const r_call *)cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *h) return;
+  uint64_t token = 0;  // the client's token came with the open; any reply names it
+  (void)token;
+  r_call_rep rep = {R_MAGIC, 0, 0, h->call_id, 0, 0, 0};
+  std::vector<char> d;
+  int32_t pid = 4242;
+  auto range = [&](uint64_t a, uint64_t len) {
+    r_range g = {a, len};
+    d.insert(d.end(), (char *)&g, (char *)&g + sizeof g);
+  };
+  switch (f->mode.load()) {
+    case 1:  // a range outside both of the client's heaps
+      range(0x1000, 4), d.resize(d.size() + 4), rep.nranges = 1;
+      break;
+    case 2:  // ranges that claim more bytes than came
+      range(f->rs, 64), d.resize(d.size() + 4), rep.nranges = 1;
+      break;
+    case 3:  // a result pointer outside the result heap
+      rep.result = 0x1000;
+      break;
+    case 4:  // a status that is no CXR_E* code
+      rep.status = 5;
+      break;
+    case 5:  // no answer at all
+      return;
+    default:  // a good answer: 4 bytes at the start of the result heap
+      range(f->rs, 4);
+      d.insert(d.end(), (char *)&pid, (char *)&pid + 4);
+      rep.nranges = 1;
+      rep.result = f->rs;
+  }
+  // Replies must carry the client's token: the fake learns it from the open it answered.
+  rep.token = 1;
+  struct iovec iov = {d.data(), d.size()};
+  cxr_rdma_reply(m, R_CALL_REP, &rep, sizeof rep, d.empty() ? nullptr : &iov, d.empty() ? 0 : 1, 0);
+}
+
+TEST(HostileServer, BrokenRepliesEndCallsWithErrors) {
+  FakeServer f;
+  f.rs = slice_of(6);
+  cxr_rdma *r = nullptr;
+  std::string host;
+  for (int tries = 0; tries < 20 && r == nullptr; tries++) {
+    host = "127.0.0.1:" +
+           std::to_string(20000 + (int)((getpid() * 13 + time(nullptr) * 37 + tries * 97) % 30000));
+    cxr_rdma_opts o;
+    cxr_rdma_opts_init(&o);
+    o.listen = host.c_str();
+    if (cxr_rdma_open(&r, &o) != 0) r = nullptr;
+  }
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(cxr_rdma_am_set(r, R_OPEN, fake_open, &f), 0);
+  ASSERT_EQ(cxr_rdma_am_set(r, R_CALL, fake_call, &f), 0);
+  ASSERT_EQ(cxr_rdma_am_set(r, R_CLOSE, fake_close, &f), 0);
+  const char *t = getenv("TEST_TMPDIR");
+  std::string root = std::string(t ? t : "/tmp") + "/hostile-server";
+  mkdir(root.c_str(), 0700);
+  cxrt::Proc c;
+  ASSERT_TRUE(c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
+                      {"CXRPC_ROOT=" + root, "CXRPC_POD=2"}));
+  ASSERT_EQ(c.line(15000), "READY");
+  c.say("connect 5000");
+  ASSERT_EQ(c.line(15000), "ok");
+  c.say("whoami");
+  EXPECT_EQ(c.line(15000), "ok 4242");
+  const char *want[] = {nullptr, "err -14", "err -21", "err -14", "err -21", "err -12"};
+  for (int mode = 1; mode <= 5; mode++) {
+    f.mode = mode;
+    c.say("noop 500");
+    EXPECT_EQ(c.line(15000), want[mode]) << "mode " << mode;
+  }
+  f.mode = 0;
+  c.say("whoami");
+  EXPECT_EQ(c.line(15000), "ok 4242");
+  EXPECT_EQ(c.stop(), 0);
+  cxr_rdma_close(r);
 }
 
 }  // namespace
