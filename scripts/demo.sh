@@ -69,7 +69,7 @@ else
   done
   # Another rack: its own pod root and pod number (a disjoint slice of the address window),
   # reached only over UCX; UCX_TLS=tcp keeps UCX from using shared memory between racks.
-  export UCX_TLS=tcp UCX_NET_DEVICES=cx0 UCX_WARN_UNUSED_ENV_VARS=n
+  export UCX_TLS=tcp UCX_NET_DEVICES=cx0 UCX_WARN_UNUSED_ENV_VARS=n UCX_TCP_CM_REUSEADDR=y
   mkdir -p "$work/rackS" "$work/rackC"
   xlog="$work/kv_remote.log"
   CXRPC_ROOT="$work/rackS" CXRPC_POD=1 ip netns exec "$S" "$(bin examples/kvstore/kv_server)" \

@@ -110,6 +110,16 @@ TEST_F(NetnsRemote, KilledServerEndsPendingCallsWithPeerDead) {
   EXPECT_LT(ms, 15000);
   // Later calls fail the same way at once.
   EXPECT_EQ(ask(a, "noop 1000"), "err -13");
+  // A new server on the same port (no wait for TIME_WAIT): the client connects again (its
+  // directory forgot the dead host, so this connect is cold) and calls work.
+  s.stop();
+  cxrt::Proc s2;
+  ASSERT_TRUE(server(s2));
+  EXPECT_EQ(ask(a, "connect 5000"), "ok");
+  EXPECT_EQ(ask(a, "noop 2000"), "ok");
+  EXPECT_EQ(ask(a, "graph 10").rfind("ok", 0), 0u);
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s2.stop(), 0);
 }
 
 TEST_F(NetnsRemote, LinkDownGivesDeadlineErrorsAndTheConnectionRecovers) {
