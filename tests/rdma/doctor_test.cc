@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <sys/wait.h>
+
 #include <string>
 
 #include "tools/doctor.h"
@@ -72,6 +74,21 @@ TEST(Doctor, Usage) {
   std::string h = run_doctor({"doctor", "--help"}, &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_NE(h.find("usage: cxrpcctl doctor"), std::string::npos);
+}
+
+// The real command line, as an operator runs it.
+TEST(Doctor, CxrpcctlDoctorRunsAndSaysWhatIsMissing) {
+  FILE *p = popen("tools/cxrpcctl doctor 2>&1", "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int st = pclose(p);
+  EXPECT_EQ(WEXITSTATUS(st), 0) << out;
+  EXPECT_NE(out.find("rdma.devices: "), std::string::npos) << out;
+  EXPECT_NE(out.find("ucx.transports: "), std::string::npos) << out;
+  EXPECT_NE(out.find("pkeys: "), std::string::npos) << out;
+  EXPECT_NE(out.find("dax: "), std::string::npos) << out;
 }
 
 }  // namespace
