@@ -78,7 +78,16 @@ typedef struct worker {
   uint32_t *lat;   /* ns, one per op up to cap */
   size_t nlat, cap;
   int setup_rc;
+  bool synced;     /* passed the barrier after the preload */
 } worker;
+
+/* Every thread finishes its share of the preload before any starts the timed loop (else
+ * early gets would miss keys another thread has not written yet). */
+static pthread_barrier_t preloaded;
+static void preload_done(worker *w) {
+  if (!w->synced) pthread_barrier_wait(&preloaded);
+  w->synced = true;
+}
 
 static int key_of(uint64_t k, char *buf) { return snprintf(buf, 32, "key:%010llu", (unsigned long long)k); }
 
@@ -169,6 +178,7 @@ static void *run_unix(worker *w) {
   if (c->preload)
     for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
       if (unix_op(fd, KV_SET, k, value, c->value_size, 0, NULL, NULL) != 0) w->errors++;
+  preload_done(w);
   uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
   int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
   int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
@@ -197,10 +207,18 @@ static void *run_unix(worker *w) {
   return NULL;
 }
 
+static void *run_cxrpc(worker *w);
+
 static void *run(void *arg) {
   worker *w = arg;
+  if (w->c->unix_path != NULL) run_unix(w);
+  else run_cxrpc(w);
+  preload_done(w); /* a thread that failed to set up must not hold the others back */
+  return NULL;
+}
+
+static void *run_cxrpc(worker *w) {
   const cfg *c = w->c;
-  if (c->unix_path != NULL) return run_unix(w);
   cxr_conn *conn;
   if ((w->setup_rc = cxr_connect(&conn, c->channel, NULL)) != 0) return NULL;
   char *value = cxr_heap_alloc(cxr_conn_heap(conn), c->value_size ? c->value_size : 1);
@@ -213,6 +231,7 @@ static void *run(void *arg) {
   if (c->preload) /* each thread loads its share of the keys */
     for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
       if (do_set(conn, value, c->value_size, k) != 0) w->errors++;
+  preload_done(w);
   uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
   int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
   int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
@@ -285,6 +304,7 @@ int main(int argc, char **argv) {
   pthread_t *t = calloc((size_t)c.threads, sizeof *t);
   size_t cap = (size_t)(c.seconds * 2e6) + 1024;
   if (cap > (64u << 20)) cap = 64u << 20;
+  pthread_barrier_init(&preloaded, NULL, (unsigned)c.threads);
   for (int i = 0; i < c.threads; i++) {
     w[i] = (worker){.c = &c, .z = &z, .id = i, .cap = cap};
     w[i].lat = malloc(cap * sizeof *w[i].lat);

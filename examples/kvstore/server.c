@@ -144,6 +144,6 @@ int main(int argc, char **argv) {
   printf("kv_server: %llu items, %llu bytes; %llu gets (%llu hits), %llu sets, %llu deletes\n",
          (unsigned long long)st.items, (unsigned long long)st.bytes, (unsigned long long)st.gets,
          (unsigned long long)st.hits, (unsigned long long)st.sets, (unsigned long long)st.deletes);
-  if (ux == NULL) store_free(s); /* socket threads may still hold it: the exit frees it */
+  store_free(s);
   return 0;
 }

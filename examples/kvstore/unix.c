@@ -1,5 +1,6 @@
-/* kv over a Unix stream socket: one thread per connection, blocking reads and writes. It
- * serves the same store as the cxrpc server so kv_load --unix measures the transport. */
+/* kv over a Unix stream socket: one thread per connection (at most 256 at once), blocking
+ * reads and writes. It serves the same store as the cxrpc server so kv_load --unix measures
+ * the transport. Stop ends open connections and joins every thread. */
 #include "examples/kvstore/unix.h"
 
 #include <errno.h>
@@ -13,16 +14,25 @@
 
 #include <cxrpc/base.h>
 
+#define MAX_CLIENTS 256
+
 struct kv_unix {
   int fd;
   store *s;
   char path[108];
   pthread_t accept_thread;
+  pthread_mutex_t lock;      /* guards the client table */
+  int client_fd[MAX_CLIENTS];
+  pthread_t client_thread[MAX_CLIENTS];
+  bool used[MAX_CLIENTS];
+  bool done[MAX_CLIENTS];    /* the thread ended: join it, reuse the slot */
 };
 
 typedef struct conn_arg {
   int fd;
   store *s;
+  kv_unix *u;
+  int slot;
 } conn_arg;
 
 static int read_full(int fd, void *buf, size_t n) {
@@ -79,7 +89,10 @@ static void *serve_conn(void *arg) {
     if (bad) break;
   }
   free(value);
-  close(a.fd);
+  pthread_mutex_lock(&a.u->lock);
+  close(a.fd); /* under the lock: stop never shuts down a number reused meanwhile */
+  a.u->done[a.slot] = true;
+  pthread_mutex_unlock(&a.u->lock);
   return NULL;
 }
 
@@ -92,19 +105,35 @@ static void *accept_loop(void *arg) {
       return NULL; /* the listening socket was shut down */
     }
     conn_arg *a = malloc(sizeof *a);
-    pthread_t t;
-    if (a == NULL) {
-      close(fd);
-      continue;
-    }
-    a->fd = fd;
-    a->s = u->s;
-    if (pthread_create(&t, NULL, serve_conn, a) != 0) {
+    pthread_mutex_lock(&u->lock);
+    for (int i = 0; i < MAX_CLIENTS; i++) /* reap connections that ended */
+      if (u->used[i] && u->done[i]) {
+        pthread_join(u->client_thread[i], NULL);
+        u->used[i] = u->done[i] = false;
+      }
+    int slot = -1;
+    for (int i = 0; i < MAX_CLIENTS && slot < 0; i++)
+      if (!u->used[i]) slot = i;
+    if (a == NULL || slot < 0) {
+      pthread_mutex_unlock(&u->lock);
       close(fd);
       free(a);
       continue;
     }
-    pthread_detach(t);
+    a->fd = fd;
+    a->s = u->s;
+    a->u = u;
+    a->slot = slot;
+    if (pthread_create(&u->client_thread[slot], NULL, serve_conn, a) != 0) {
+      pthread_mutex_unlock(&u->lock);
+      close(fd);
+      free(a);
+      continue;
+    }
+    /* The slot stays used until stop joins the thread (fds close in serve_conn). */
+    u->client_fd[slot] = fd;
+    u->used[slot] = true;
+    pthread_mutex_unlock(&u->lock);
   }
 }
 
@@ -116,6 +145,7 @@ int kv_unix_start(kv_unix **out, const char *path, store *s) {
   snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
   snprintf(u->path, sizeof u->path, "%s", path);
   u->s = s;
+  pthread_mutex_init(&u->lock, NULL);
   u->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   unlink(path);
   if (u->fd < 0 || bind(u->fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(u->fd, 64) != 0 ||
@@ -134,5 +164,13 @@ void kv_unix_stop(kv_unix *u) {
   pthread_join(u->accept_thread, NULL);
   close(u->fd);
   unlink(u->path);
+  /* End the client connections still open and wait for their threads. */
+  pthread_mutex_lock(&u->lock);
+  for (int i = 0; i < MAX_CLIENTS; i++)
+    if (u->used[i] && !u->done[i]) shutdown(u->client_fd[i], SHUT_RDWR);
+  pthread_mutex_unlock(&u->lock);
+  for (int i = 0; i < MAX_CLIENTS; i++)
+    if (u->used[i]) pthread_join(u->client_thread[i], NULL);
+  pthread_mutex_destroy(&u->lock);
   free(u);
 }

@@ -38,25 +38,34 @@ inline std::string uniq(const char *base) {
   return std::string(base) + std::to_string(getpid() % 100000) + "-" + std::to_string(++n);
 }
 
-inline std::string peer_path() {
+// A binary of this workspace in the test's runfiles, e.g. "tests/rpc/rpc_peer".
+inline std::string runfile(const char *rel) {
   const char *s = getenv("TEST_SRCDIR");
   const char *w = getenv("TEST_WORKSPACE");
-  return std::string(s ? s : ".") + "/" + (w ? w : "cxrpc") + "/tests/rpc/rpc_peer";
+  return std::string(s ? s : ".") + "/" + (w ? w : "cxrpc") + "/" + rel;
 }
+
+inline std::string peer_path() { return runfile("tests/rpc/rpc_peer"); }
 
 struct Peer {
   pid_t pid = -1;
   int out = -1;  // its stdout
 };
 
-inline Peer spawn_peer(const std::vector<std::string> &args) {
+inline Peer spawn_bin(const std::string &path, const std::vector<std::string> &args,
+                      bool merge_stderr = false);
+inline Peer spawn_peer(const std::vector<std::string> &args) { return spawn_bin(peer_path(), args); }
+
+// Starts path with args; its stdout (and stderr if merge_stderr) come back through p.out.
+inline Peer spawn_bin(const std::string &path, const std::vector<std::string> &args,
+                      bool merge_stderr) {
   Peer p;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return p;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  std::string path = peer_path();
+  if (merge_stderr) posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
   std::vector<char *> argv;
   argv.push_back((char *)path.c_str());
   for (auto &a : args) argv.push_back((char *)a.c_str());
@@ -116,6 +125,22 @@ inline Peer start_server(const std::string &name, int workers = 1) {
     wait_peer(p);
   }
   return p;
+}
+
+// Everything the peer writes until it exits (at most timeout_ms).
+inline std::string read_all(Peer &p, int timeout_ms = 30000) {
+  std::string out;
+  for (int waited = 0; waited < timeout_ms;) {
+    struct pollfd pf = {p.out, POLLIN, 0};
+    int r = poll(&pf, 1, 50);
+    waited += 50;
+    if (r <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(p.out, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, (size_t)n);
+  }
+  return out;
 }
 
 inline void stop_peer(Peer &p) {

@@ -1,0 +1,61 @@
+// The kv example end to end, as the demo runs it: kv_server, kv_load over cxrpc and over
+// the Unix-socket baseline, and cxrpcctl reading the channel from outside. Checks results
+// (no errors, no bad values, a clean server exit), never timing.
+#include <gtest/gtest.h>
+
+#include "tests/rpc/util.h"
+
+using namespace rpctest;
+
+namespace {
+
+int wait_status(Peer &p) { return wait_peer(p, 60000); }
+
+TEST(Kv, ServerLoadBaselineAndCxrpcctl) {
+  std::string root = setup_root("rpc-kv");
+  // A socket path must fit sun_path (108 bytes): TEST_TMPDIR is often longer.
+  std::string name = uniq("kv"), sock = "/tmp/cxrpc-kvtest-" + std::to_string(getpid()) + ".sock";
+  Peer srv = spawn_bin(runfile("examples/kvstore/kv_server"),
+                       {"--channel", name, "--heap", "16", "--unix", sock}, true);
+  ASSERT_GT(srv.pid, 0);
+  std::string ready = read_line(srv, 20000);
+  ASSERT_NE(ready.find("ready"), std::string::npos) << ready;
+
+  auto load = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--channel", name, "--threads", "2", "--seconds", "0.3",
+                                     "--keys", "2000", "--workload", "a"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Peer l = spawn_bin(runfile("examples/kvstore/kv_load"), args, true);
+    std::string out = read_all(l);
+    int st = wait_status(l);
+    return std::make_pair(st, out);
+  };
+  auto r = load({});
+  EXPECT_EQ(r.first, 0) << r.second;
+  EXPECT_NE(r.second.find("errors 0  bad values 0"), std::string::npos) << r.second;
+  EXPECT_NE(r.second.find("hits 100.0%"), std::string::npos) << r.second;  // preload done first
+  r = load({"--unix", sock, "--no-preload"});
+  EXPECT_EQ(r.first, 0) << r.second;
+  EXPECT_NE(r.second.find("Unix socket"), std::string::npos) << r.second;
+  r = load({"--value-size", "1048576", "--keys", "8", "--workload", "b"});  // 1 MiB values
+  EXPECT_NE(r.second.find("errors 0  bad values 0"), std::string::npos) << r.second;
+  EXPECT_EQ(r.first, 0) << r.second;
+
+  Peer ctl = spawn_bin(runfile("tools/cxrpcctl"), {"channels"});
+  std::string out = read_all(ctl);
+  EXPECT_EQ(wait_status(ctl), 0);
+  EXPECT_NE(out.find(name), std::string::npos) << out;
+  EXPECT_NE(out.find("open"), std::string::npos) << out;
+  ctl = spawn_bin(runfile("tools/cxrpcctl"), {"conns", name, "--all"});
+  out = read_all(ctl);
+  EXPECT_EQ(wait_status(ctl), 0);
+  EXPECT_NE(out.find("ready"), std::string::npos) << out;
+
+  kill(srv.pid, SIGTERM);
+  out = read_all(srv);
+  EXPECT_EQ(wait_status(srv), 0);
+  EXPECT_NE(out.find("items"), std::string::npos) << out;
+  EXPECT_NE(access(sock.c_str(), F_OK), 0);  // the server removed its socket
+}
+
+}  // namespace
