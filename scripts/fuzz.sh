@@ -3,7 +3,7 @@
 # fuzz targets of tests/fuzz with clang (-fsanitize=fuzzer,address,undefined) in a Bazel
 # output base of their own, then runs each for CXR_FUZZ_SECONDS (default 30) seconds.
 # Prints one line per fuzzer, "fuzz PASSED <name>" or "fuzz FAILED <name>"; exits non-zero
-# when any failed. Crash inputs and logs stay in the printed work folder.
+# when any failed. Crash inputs and logs stay in the printed work folder after a failure.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 SECS=${CXR_FUZZ_SECONDS:-30}
@@ -66,4 +66,6 @@ for f in "${FUZZERS[@]}"; do
     failed=1
   fi
 done
+# Keep the work folder (logs, crash inputs) only when something failed.
+[ "$failed" -eq 0 ] && rm -rf "$work"
 exit $failed
