@@ -24,6 +24,8 @@ struct cxr_rdma_msg {
   void *data;
   size_t dlen;
   bool kept;
+  bool *kept_out;     /* while its handler runs: where cxr_rdma_msg_keep reports (the
+                         message may belong to another thread as soon as it is kept) */
   bool owned;         /* hdr/data are our malloc'd copies */
   cxr_rdma_ep *ref;   /* our accepted endpoint it came on (held open), or NULL */
   struct cxr_rdma_msg *next;

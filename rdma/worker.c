@@ -191,8 +191,10 @@ static unsigned run_queued(cxr_rdma *r) {
       d->fn(d->user);
       free(d);
     } else if (m) {
+      bool kept = false;
+      m->kept_out = &kept;
       if (slot.fn) slot.fn(m, slot.user);
-      if (!m->kept) cxr_rdma_msg_free(m);
+      if (!kept) cxr_rdma_msg_free(m);  /* a kept message is not ours to touch any more */
     } else {
       break;
     }
@@ -331,7 +333,10 @@ const void *cxr_rdma_msg_data(const cxr_rdma_msg *m, size_t *len) {
   return m->data;
 }
 void cxr_rdma_msg_keep(cxr_rdma_msg *m) {
-  if (m) m->kept = true;
+  if (m == NULL) return;
+  m->kept = true;
+  if (m->kept_out) *m->kept_out = true;
+  m->kept_out = NULL;
 }
 
 /* ---- sending ---- */

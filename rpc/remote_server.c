@@ -27,9 +27,18 @@ typedef struct rsconn {
   cxr__sconn sc;     /* what cxr_call_heap and the counters read */
   cxr__cslot slot;
   char who[64];
+  pthread_mutex_t rlock;  /* res (workers may run calls of one connection at once) */
   rres *res;
   uint32_t nres, rescap;
+  int users;              /* calls running on it (under the listener's lock) */
+  bool dead;              /* closed while in use: the last call destroys it */
 } rsconn;
+
+/* A call waiting for a worker thread (channels with more than one worker). */
+typedef struct rjob {
+  struct rjob *next;
+  cxr_rdma_msg *m;
+} rjob;
 
 struct cxr__rlisten {
   cxr_channel *ch;
@@ -39,6 +48,15 @@ struct cxr__rlisten {
   rsconn *conns;
   uint64_t next_id;
   unsigned nconns;
+  /* Handlers run on the progress thread when the channel has one worker (the lowest
+   * latency); with more, on that many threads of their own, so a slow handler holds up
+   * neither other calls nor new connections. */
+  pthread_mutex_t qlock;
+  pthread_cond_t qcond;
+  rjob *qhead, *qtail;
+  bool qstop;
+  pthread_t *workers;
+  unsigned nworkers;
 };
 
 struct cxr__rcall {
@@ -48,10 +66,32 @@ struct cxr__rcall {
   bool set;
 };
 
-static rsconn *sfind(struct cxr__rlisten *l, uint64_t id) {
-  for (rsconn *c = l->conns; c; c = c->next)
-    if (c->id == id) return c;
-  return NULL;
+static void sconn_destroy(struct cxr__rlisten *l, rsconn *c);
+
+/* The connection with that id, held for a call (rs_put lets go). */
+static rsconn *rs_get(struct cxr__rlisten *l, uint64_t id) {
+  pthread_mutex_lock(&l->lock);
+  rsconn *c = l->conns;
+  while (c && c->id != id) c = c->next;
+  if (c) c->users++;
+  pthread_mutex_unlock(&l->lock);
+  return c;
+}
+
+static void rs_put(struct cxr__rlisten *l, rsconn *c) {
+  pthread_mutex_lock(&l->lock);
+  bool destroy = --c->users == 0 && c->dead;
+  pthread_mutex_unlock(&l->lock);
+  if (destroy) sconn_destroy(l, c);
+}
+
+/* c is already out of the list: destroy it now, or when its last call ends. */
+static void retire(struct cxr__rlisten *l, rsconn *c) {
+  pthread_mutex_lock(&l->lock);
+  bool busy = c->users > 0;
+  if (busy) c->dead = true;
+  pthread_mutex_unlock(&l->lock);
+  if (!busy) sconn_destroy(l, c);
 }
 
 static void res_free(rsconn *c, uint32_t i) {
@@ -61,16 +101,19 @@ static void res_free(rsconn *c, uint32_t i) {
 }
 
 static void release_root(rsconn *c, uint64_t root) {
+  pthread_mutex_lock(&c->rlock);
   for (uint32_t i = 0; i < c->nres; i++)
     if (c->res[i].root == root) {
       res_free(c, i);
-      return;
+      break;
     }
+  pthread_mutex_unlock(&c->rlock);
 }
 
 static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
   while (c->nres) res_free(c, 0);
   free(c->res);
+  pthread_mutex_destroy(&c->rlock);
   if (l) cxr__rem_spare_give(&l->heaps, c->hs);
   else if (c->hs) cxr_heap_close(c->hs);
   cxr__rem_replica_unmap(c->hc_addr, c->hc_size);
@@ -101,7 +144,7 @@ static void reap_gone(void *arg) {
     if (c == NULL) break;
     CXR_INFO("remote %s: client %s gone: connection %llu reclaimed", g.l->ch->name, c->who,
              (unsigned long long)c->id);
-    sconn_destroy(g.l, c);
+    retire(g.l, c);
   }
 }
 
@@ -148,6 +191,7 @@ static void on_open(cxr_rdma_msg *m, void *user) {
     cxr__rem_replica_unmap(op.heap_addr, op.heap_size);
     return reply_open(m, rc, op.token, 0, NULL);
   }
+  pthread_mutex_init(&c->rlock, NULL);
   c->id = id;
   c->token = op.token;
   c->ep = m->ref;
@@ -185,7 +229,7 @@ static void on_close(cxr_rdma_msg *m, void *user) {
       break;
     }
   pthread_mutex_unlock(&l->lock);
-  if (c) sconn_destroy(l, c);
+  if (c) retire(l, c);
   r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token};
   cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, NULL, 0, 0);
 }
@@ -245,8 +289,16 @@ static int land_args(rsconn *c, const r_call *h, const char *d, size_t dl, const
 }
 
 /* Records which blocks of our heap a result occupies, so a release frees them all. */
+static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, size_t nr);
+
 static void keep_result(rsconn *c, void *result, const cxr_range *rg, size_t nr) {
   if (result == NULL) return;
+  pthread_mutex_lock(&c->rlock);
+  keep_result_locked(c, result, rg, nr);
+  pthread_mutex_unlock(&c->rlock);
+}
+
+static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, size_t nr) {
   if (c->nres == c->rescap) {
     uint32_t cap = c->rescap ? 2 * c->rescap : 16;
     rres *n = realloc(c->res, cap * sizeof *n);
@@ -266,18 +318,68 @@ static void keep_result(rsconn *c, void *result, const cxr_range *rg, size_t nr)
   c->nres++;
 }
 
-static void on_call(cxr_rdma_msg *m, void *user) {
-  struct cxr__rlisten *l = user;
-  cxr_channel *ch = l->ch;
-  size_t hl, dl;
+static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c);
+
+/* One call: find its connection and hold it while the handler runs. */
+static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m) {
+  size_t hl;
   const r_call *hp = cxr_rdma_msg_hdr(m, &hl);
-  const char *d = cxr_rdma_msg_data(m, &dl);
   if (hl != sizeof *hp || hp->magic != R_MAGIC) return;
   r_call h = *hp;
-  pthread_mutex_lock(&l->lock);
-  rsconn *c = sfind(l, h.conn_id);
-  pthread_mutex_unlock(&l->lock);
+  rsconn *c = rs_get(l, h.conn_id);
   if (c == NULL) return reply_call(m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
+  run_call(l, m, &h, c);
+  rs_put(l, c);
+}
+
+static void *worker_main(void *arg) {
+  struct cxr__rlisten *l = arg;
+  pthread_mutex_lock(&l->qlock);
+  for (;;) {
+    while (l->qhead == NULL && !l->qstop) pthread_cond_wait(&l->qcond, &l->qlock);
+    if (l->qstop) break;
+    rjob *j = l->qhead;
+    l->qhead = j->next;
+    if (l->qhead == NULL) l->qtail = NULL;
+    pthread_mutex_unlock(&l->qlock);
+    handle_call(l, j->m);
+    cxr_rdma_msg_free(j->m);
+    free(j);
+    pthread_mutex_lock(&l->qlock);
+  }
+  pthread_mutex_unlock(&l->qlock);
+  return NULL;
+}
+
+/* On the progress thread: run it here (one worker) or hand it to the workers. */
+static void on_call(cxr_rdma_msg *m, void *user) {
+  struct cxr__rlisten *l = user;
+  if (l->nworkers == 0) return handle_call(l, m);
+  rjob *j = malloc(sizeof *j);
+  pthread_mutex_lock(&l->qlock);
+  bool take = j != NULL && !l->qstop;
+  if (take) {
+    cxr_rdma_msg_keep(m);
+    j->m = m;
+    j->next = NULL;
+    if (l->qtail) l->qtail->next = j; else l->qhead = j;
+    l->qtail = j;
+    pthread_cond_signal(&l->qcond);
+  }
+  pthread_mutex_unlock(&l->qlock);
+  if (!take) {
+    free(j);
+    size_t hl;
+    const r_call *hp = cxr_rdma_msg_hdr(m, &hl);
+    if (hl == sizeof *hp) reply_call(m, hp, 0, j ? CXR_ECLOSED : CXR_ENOMEM, NULL, NULL, 0);
+  }
+}
+
+static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c) {
+  cxr_channel *ch = l->ch;
+  size_t dl;
+  const char *d = cxr_rdma_msg_data(m, &dl);
+  r_call h = *hp;
   cxr__srv_ctr *ctr = &c->slot.srv;
   CXR__ADD(&ctr->calls, 1);
   CXR__ADD(&ctr->bytes_in, dl);
@@ -361,6 +463,11 @@ int cxr__remote_listen(cxr_channel *ch, const char *listen) {
   l->ch = ch;
   pthread_mutex_init(&l->lock, NULL);
   pthread_mutex_init(&l->heaps.lock, NULL);
+  pthread_mutex_init(&l->qlock, NULL);
+  pthread_cond_init(&l->qcond, NULL);
+  if (ch->o.workers > 1 && (l->workers = calloc(ch->o.workers, sizeof *l->workers)) != NULL)
+    for (unsigned i = 0; i < ch->o.workers; i++)
+      if (pthread_create(&l->workers[l->nworkers], NULL, worker_main, l) == 0) l->nworkers++;
   /* Result heaps ready before the first client, as the pod keeps a pool of ready slots. */
   for (unsigned i = 0; i < ch->o.pool && i < 8; i++) {
     cxr_heap *h;
@@ -375,10 +482,8 @@ int cxr__remote_listen(cxr_channel *ch, const char *listen) {
   if (rc == 0) rc = cxr__am_set(l->r, R_CLOSE, on_close, l, 0);
   if (rc != 0) {
     CXR_ERR("channel %s: cannot listen on %s: %s", ch->name, listen, cxr_strerror(rc));
-    cxr_rdma_close(l->r);
-    cxr__rem_spares_drop(&l->heaps);
-    pthread_mutex_destroy(&l->lock);
-    free(l);
+    ch->remote = l;
+    cxr__remote_stop(ch);
     return rc;
   }
   CXR_INFO("channel %s: listening on %s (port %d)", ch->name, listen, cxr_rdma_port(l->r));
@@ -390,7 +495,24 @@ void cxr__remote_stop(cxr_channel *ch) {
   struct cxr__rlisten *l = ch->remote;
   if (l == NULL) return;
   ch->remote = NULL;
-  cxr_rdma_close(l->r);  /* no handler runs after this */
+  /* Workers first (one may be answering a call), then calls nobody will run (they hold
+   * endpoints the engine is about to close), then the engine: no handler runs after. */
+  pthread_mutex_lock(&l->qlock);
+  l->qstop = true;
+  pthread_cond_broadcast(&l->qcond);
+  pthread_mutex_unlock(&l->qlock);
+  for (unsigned i = 0; i < l->nworkers; i++) pthread_join(l->workers[i], NULL);
+  free(l->workers);
+  pthread_mutex_lock(&l->qlock);
+  while (l->qhead) {
+    rjob *j = l->qhead;
+    l->qhead = j->next;
+    cxr_rdma_msg_free(j->m);
+    free(j);
+  }
+  l->qtail = NULL;
+  pthread_mutex_unlock(&l->qlock);
+  if (l->r) cxr_rdma_close(l->r);
   while (l->conns) {
     rsconn *c = l->conns;
     l->conns = c->next;
@@ -398,6 +520,8 @@ void cxr__remote_stop(cxr_channel *ch) {
   }
   cxr__rem_spares_drop(&l->heaps);
   pthread_mutex_destroy(&l->lock);
+  pthread_mutex_destroy(&l->qlock);
+  pthread_cond_destroy(&l->qcond);
   free(l);
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <cxrpc/base.h>
 #include "tests/netns/netns.h"
 #include "tests/rdma/proc.h"
 
@@ -232,6 +233,27 @@ TEST_F(NetnsRemote, RepeatedConnectsReuseHeapsAndLeakNothing) {
   EXPECT_EQ(ask(a, "cycles 100", 120000), "ok");
   EXPECT_LE(result_heaps(s.pid), 9);
   EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST_F(NetnsRemote, ASlowHandlerHoldsUpNeitherOtherCallsNorConnects) {
+  // The server has two workers: a handler that sleeps leaves the other worker and the
+  // listener free.
+  cxrt::Proc s, a, b;
+  ASSERT_TRUE(server(s));
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_TRUE(client(b, 3, remote()));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  ASSERT_EQ(ask(a, "slow 3000 10000"), "sent");
+  usleep(100000);
+  int64_t t0 = cxr_now_ns();
+  EXPECT_EQ(ask(b, "connect 2500"), "ok");
+  EXPECT_EQ(ask(b, "noop 2500"), "ok");
+  EXPECT_EQ(ask(b, "graph 100").rfind("ok", 0), 0u);
+  EXPECT_LT(cxr_now_ns() - t0, 2900000000) << "b waited for a's handler";
+  EXPECT_EQ(a.line(15000), "ok");
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(b.stop(), 0);
   EXPECT_EQ(s.stop(), 0);
 }
 
