@@ -581,3 +581,10 @@ int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns) {
 }
 
 uint32_t cxr__conn_table_size(cxr_conn *c) { return c ? c->ntab : 0; }
+
+int cxr__conn_rings(cxr_conn *c, cxr__rview *req, cxr__rview *resp) {
+  if (c == NULL || c->tab == NULL || req == NULL || resp == NULL) return CXR_EINVAL;
+  *req = c->req;
+  *resp = c->resp;
+  return 0;
+}

@@ -249,6 +249,8 @@ int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result);
 int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d);
 int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns);
 uint32_t cxr__conn_table_size(cxr_conn *c);
+/* The connection's rings as mapped here (tests corrupt them on purpose). */
+int cxr__conn_rings(cxr_conn *c, cxr__rview *req, cxr__rview *resp);
 
 #ifdef __cplusplus
 }

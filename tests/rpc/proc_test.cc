@@ -180,6 +180,47 @@ TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) {
   EXPECT_EQ(srv.pid, -1);
 }
 
+TEST_F(Proc, ScribbledRingsHurtOnlyTheirConnection) {
+  // A client process overwrites its request ring's positions, sequence numbers and
+  // descriptors with garbage. The server neither crashes nor hangs, keeps serving us, the
+  // scribbler's own call ends (any code, by its deadline at the latest), and its slot comes
+  // back when it closes.
+  std::string name = uniq("sc");
+  Peer srv = start_server(name, 2);
+  ASSERT_GT(srv.pid, 0);
+  cxr_conn *c;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  cxr_channel_info before;
+  ASSERT_EQ(cxr_channel_inspect(name.c_str(), &before, nullptr, 0, nullptr), 0);
+  Peer bad = spawn_peer({"scribble", name, "100"});
+  ASSERT_GT(bad.pid, 0);
+  int ok = 0;
+  int64_t t0 = cxr_now_ns();
+  for (;;) {  // calls of ours while it scribbles, until it reports
+    struct pollfd pf = {bad.out, POLLIN, 0};
+    if (poll(&pf, 1, 0) > 0 || ms_since(t0) > 20000) break;
+    void *res = nullptr;
+    if (cxr_conn_call(c, M_PID, nullptr, &res, nullptr) == 0 && res && *(int64_t *)res == srv.pid) ok++;
+    if (res) cxr_heap_free(cxr_conn_heap(c), res);
+    if (ok > 100000) usleep(100);
+  }
+  std::string line = read_line(bad, 10000);
+  EXPECT_EQ(line.rfind("scribbled", 0), 0u) << line;
+  EXPECT_EQ(wait_peer(bad), 0);
+  EXPECT_GT(ok, 0);
+  EXPECT_EQ(kill(srv.pid, 0), 0);
+  EXPECT_TRUE(eventually([&] {
+    cxr_channel_info now;
+    return cxr_channel_inspect(name.c_str(), &now, nullptr, 0, nullptr) == 0 &&
+           now.disconnects > before.disconnects && now.connected == 1;
+  }, 5000));
+  void *res = nullptr;
+  EXPECT_EQ(cxr_conn_call(c, M_PID, nullptr, &res, nullptr), 0);
+  if (res) cxr_heap_free(cxr_conn_heap(c), res);
+  cxr_conn_close(c);
+  stop_peer(srv);
+}
+
 TEST_F(Proc, MalformedDescriptorsFromAnotherProcessGetErrorReplies) {
   std::string name = uniq("mf");
   Peer srv = start_server(name, 1);

@@ -2,13 +2,18 @@
  *   rpc_peer server NAME WORKERS   serve the test methods; print "ready\n"; stop on SIGTERM
  *   rpc_peer client NAME MS        connect, print "connected\n", call M_SLEEP(MS) forever
  *   rpc_peer connect NAME 0        exit with -(cxr_connect's code)
+ *   rpc_peer scribble NAME ROUNDS  a client that fills its request ring with garbage
  * Both print to stdout (a pipe to the test) and exit non-zero on errors. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include <cxrpc/rpc.h>
+
+#include "rpc/internal.h"
 
 #include "tests/rpc/methods.h"
 
@@ -60,6 +65,45 @@ static int client(const char *name, int64_t ms) {
   }
 }
 
+/* A buggy client: overwrites its request ring's positions, sequence numbers and descriptors
+ * with garbage (rounds times, ringing the server each time), then makes one call with a
+ * 50 ms deadline and prints its code. */
+static int scribble(const char *name, int rounds) {
+  cxr_conn *c;
+  int rc = cxr_connect(&c, name, NULL);
+  if (rc != 0) return 1;
+  cxr__rview req, resp;
+  if (cxr__conn_rings(c, &req, &resp) != 0) return 1;
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int round = 0; round < rounds; round++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    __atomic_store_n(&req.r->head, x >> 7, __ATOMIC_RELEASE);
+    __atomic_store_n(&req.r->tail, x >> 3, __ATOMIC_RELEASE);
+    for (uint32_t i = 0; i <= req.mask; i++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      /* Half the slots look published at the current head: the server will pop them. */
+      __atomic_store_n(&req.d[i].seq, (i & 1) ? (x >> 5) : req.r->head + 1, __ATOMIC_RELEASE);
+      req.d[i].ptr = x;
+      req.d[i].len = x >> 11;
+      req.d[i].method = (uint32_t)(x % 8);
+      req.d[i].flags = (uint32_t)(x >> 40) & 3;
+      req.d[i].call_id = x;
+    }
+    cxr__desc d;
+    memset(&d, 0, sizeof d);
+    cxr__conn_push_raw(c, &d); /* rings the doorbell (the push itself may fail) */
+    usleep(1000);
+  }
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.deadline_ns = 50000000;
+  rc = cxr_conn_call(c, M_NOOP, NULL, NULL, &o);
+  printf("scribbled %d\n", rc);
+  fflush(stdout);
+  cxr_conn_close(c);
+  return 0;
+}
+
 /* Exits with -rc of cxr_connect (0 when it connected). */
 static int try_connect(const char *name) {
   cxr_conn *c;
@@ -70,6 +114,7 @@ static int try_connect(const char *name) {
 
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "connect") == 0) return try_connect(argv[2]);
+  if (argc == 4 && strcmp(argv[1], "scribble") == 0) return scribble(argv[2], atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "server") == 0) return server(argv[2], (unsigned)atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "client") == 0) return client(argv[2], atoll(argv[3]));
   fprintf(stderr, "usage: rpc_peer server NAME WORKERS | client NAME MS\n");
