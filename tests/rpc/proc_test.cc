@@ -57,6 +57,33 @@ TEST_F(Proc, CallsAcrossProcessesReturnTheRightResults) {
     });
   for (auto &t : ts) t.join();
   EXPECT_EQ(good.load(), 900);
+  // Many in flight: each thread keeps 32 async calls outstanding, answers checked one by one.
+  std::atomic<int> good_async{0};
+  std::vector<std::thread> ta;
+  for (int t = 0; t < 3; t++)
+    ta.emplace_back([&, t] {
+      for (int round = 0; round < 20; round++) {
+        cxr_future *f[32];
+        for (int i = 0; i < 32; i++) {
+          add_args a = {t * 100000 + round * 100, i};
+          cxr_call_opts o;
+          cxr_call_opts_init(&o);
+          o.flags = CXR_CALL_INLINE;
+          o.arg_len = sizeof a;
+          if (cxr_conn_call_async(c, M_ADD, &a, &f[i], &o) != 0) f[i] = nullptr;
+        }
+        for (int i = 0; i < 32; i++) {
+          if (!f[i]) continue;
+          void *r = nullptr;
+          if (cxr_future_wait(f[i], 0, &r) == 0 && r && *(int64_t *)r == t * 100000 + round * 100 + i)
+            good_async++;
+          if (r) cxr_heap_free(h, r);
+          cxr_future_free(f[i]);
+        }
+      }
+    });
+  for (auto &t : ta) t.join();
+  EXPECT_EQ(good_async.load(), 3 * 20 * 32);
   cxr_conn_close(c);
   stop_peer(srv);
 }
