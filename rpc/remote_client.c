@@ -383,6 +383,8 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
   x->hc_addr = (uintptr_t)cxr_heap_base(c->heap);
   x->hc_size = cxr_heap_size(c->heap);
 
+  bool retried = false;
+again:
   if ((rc = cxr_rdma_connect(r, host, deadline, &x->ep)) != 0) {
     CXR_INFO("remote: cannot reach %s: %s", host, cxr_strerror(rc));
     goto fail;
@@ -415,6 +417,25 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
       rc = x->open_rep.status;
       if (rc > 0 || rc < CXR_ERRNO_MIN) rc = CXR_EPROTO;
     }
+  }
+  if (rc && (rc == CXR_EPEERDEAD || rc == CXR_ENOTCONN) && !retried && cxr_now_ns() < deadline) {
+    /* The directory may still know a server process that has since gone (a restart on
+     * the same port, noticed by nobody yet): forget it and connect once more, cold. */
+    retried = true;
+    pthread_mutex_lock(&rt_lock);
+    for (struct cxr__rconn **pp = &rt_conns; *pp; pp = &(*pp)->next)
+      if (*pp == x) {
+        *pp = x->next;
+        break;
+      }
+    pthread_mutex_unlock(&rt_lock);
+    cxr_rdma_ep_close(x->ep);
+    x->ep = NULL;
+    cxr_rdma_forget(r, host);
+    __atomic_store_n(&c->dead, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&x->open_done, 0, __ATOMIC_RELEASE);
+    CXR_INFO("remote: %s went away since we knew it; connecting again", host);
+    goto again;
   }
   if (rc) {
     CXR_INFO("remote: open of %s on %s failed: %s", chan, host, cxr_strerror(rc));

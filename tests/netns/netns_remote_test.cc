@@ -95,9 +95,12 @@ TEST_F(NetnsRemote, PointerRichMessagesArriveIntactAtTheSameAddresses) {
 }
 
 TEST_F(NetnsRemote, KilledServerEndsPendingCallsWithPeerDead) {
-  cxrt::Proc s, a;
+  cxrt::Proc s, a, b;
   ASSERT_TRUE(server(s));
   ASSERT_TRUE(client(a, 2, remote()));
+  // b knew the server (its directory and pool) but has no connection when it dies.
+  ASSERT_TRUE(client(b, 3, remote()));
+  ASSERT_EQ(ask(b, "cycles 1"), "ok");
   ASSERT_EQ(ask(a, "connect 5000"), "ok");
   ASSERT_EQ(ask(a, "noop 2000"), "ok");
   // A call the server sleeps 20 s in, with a 25 s deadline: only the death can end it early.
@@ -119,7 +122,11 @@ TEST_F(NetnsRemote, KilledServerEndsPendingCallsWithPeerDead) {
   EXPECT_EQ(ask(a, "connect 5000"), "ok");
   EXPECT_EQ(ask(a, "noop 2000"), "ok");
   EXPECT_EQ(ask(a, "graph 10").rfind("ok", 0), 0u);
+  // b's directory may still name the dead process: its connect finds out and goes cold.
+  EXPECT_EQ(ask(b, "connect 5000"), "ok");
+  EXPECT_EQ(ask(b, "noop 2000"), "ok");
   EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(b.stop(), 0);
   EXPECT_EQ(s2.stop(), 0);
 }
 
