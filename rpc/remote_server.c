@@ -551,8 +551,3 @@ int cxr__remote_peer(cxr_call *call, cxr_peer *out) {
   out->trusted = !call->ch->o.untrusted;
   return 0;
 }
-
-/* Port the channel's listener is bound to (tests and tools): 0 when not listening. */
-int cxr__remote_port(cxr_channel *ch) {
-  return ch && ch->remote ? cxr_rdma_port(ch->remote->r) : 0;
-}
