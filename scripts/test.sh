@@ -11,7 +11,7 @@ run() { # run NAME BAZEL-ARGS...
   local name=$1; shift
   echo "== $name: bazel test $*"
   local out="$log/$name.out" rc
-  bazel test --color=no --curses=no --noshow_progress "$@" >"$out" 2>&1; rc=$?
+  bazel test --keep_going --color=no --curses=no --noshow_progress "$@" >"$out" 2>&1; rc=$?
   local p f
   p=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$out")
   f=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE|FAILED TO BUILD)' "$out")
