@@ -199,12 +199,23 @@ static int claim_slot(cxr__chan_block *cb, uint32_t pid, bool *any_free) {
 }
 
 /* Gives a claimed slot back for the server to recycle. */
+/* True when at most half the pool is ready: then the manager is woken to refill. */
+static bool pool_low(cxr__chan_block *cb) {
+  unsigned ready = 0;
+  for (unsigned i = 0; i < cb->max_conns && ready * 2 <= cb->pool; i++)
+    ready += cxr__owner_state(CXR__LD(&cb->slots[i].owner)) == CXR__SLOT_READY;
+  return ready * 2 <= cb->pool;
+}
+
+/* Gives a claimed slot back for the server to recycle: on its next tick, or now if the pool
+ * runs low (waking the manager costs the closer a system call and, on a busy machine, its
+ * CPU while the manager recycles). */
 static void release_slot(cxr__chan_block *cb, unsigned k, uint32_t pid, uint32_t gen) {
   cxr__cslot *s = &cb->slots[k];
   __atomic_fetch_and(&cb->active[k / 64], ~(1ull << (k % 64)), __ATOMIC_SEQ_CST);
   uint64_t o = cxr__owner(pid, CXR__SLOT_CLAIMED, gen);
   CXR__CAS(&s->owner, &o, cxr__owner(pid, CXR__SLOT_CLOSING, gen));
-  cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+  if (pool_low(cb)) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
 }
 
 static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
@@ -247,10 +258,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   CXR__ADD(&cb->connects, 1);
   /* Wake the manager to refill once the pool is half used (it also refills on its own
    * tick, every peer_timeout/2): most connects make no system call for it. */
-  unsigned ready = 0;
-  for (unsigned i = 0; i < cb->max_conns && ready * 2 <= cb->pool; i++)
-    ready += cxr__owner_state(CXR__LD(&cb->slots[i].owner)) == CXR__SLOT_READY;
-  if (ready * 2 <= cb->pool) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+  if (pool_low(cb)) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
 
   char heap_name[CXR_NAME_MAX + 1];
   memcpy(heap_name, s->heap, sizeof heap_name);
