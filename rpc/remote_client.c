@@ -444,11 +444,9 @@ again:
   x->conn_id = x->open_rep.conn_id;
   x->rs_addr = x->open_rep.rs_addr;
   x->rs_size = x->open_rep.rs_size;
-  if (x->rs_size == 0 || x->rs_size > (64ull << 30)) {  /* a peer's word: bound it */
-    rc = CXR_EPROTO;
-    goto fail;
-  }
-  if ((rc = cxr__rem_replica_map(x->rs_addr, x->rs_size)) != 0) {
+  rc = x->rs_size == 0 || x->rs_size > (64ull << 30) ? CXR_EPROTO  /* a peer's word: bound it */
+                                                    : cxr__rem_replica_map(x->rs_addr, x->rs_size);
+  if (rc != 0) {
     r_close cl = {.magic = R_MAGIC, .conn_id = x->conn_id};
     cxr_rdma_am_post(x->ep, R_CLOSE, &cl, sizeof cl, NULL, 0);
     goto fail;
