@@ -562,7 +562,8 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
       if (!strcmp(h->key, ep->host)) h->valid = false;
     pthread_mutex_unlock(&r->lock);
   }
-  if (ep->on_err) ep->on_err(ep, err, ep->on_err_user);
+  void (*cb)(cxr_rdma_ep *, int, void *) = __atomic_load_n(&ep->on_err, __ATOMIC_ACQUIRE);
+  if (cb) cb(ep, err, __atomic_load_n(&ep->on_err_user, __ATOMIC_RELAXED));
   err_arg *a = malloc(sizeof *a);
   if (a == NULL) return;
   a->r = r;
@@ -595,8 +596,10 @@ const char *cxr_rdma_ep_host(const cxr_rdma_ep *ep) { return ep ? ep->host : "";
 
 int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *, int, void *), void *user) {
   if (ep == NULL) return CXR_EINVAL;
-  ep->on_err_user = user;
-  ep->on_err = cb;
+  /* Set from any thread while the progress thread may be failing the endpoint: the user
+   * pointer first, published by the function pointer. */
+  __atomic_store_n(&ep->on_err_user, user, __ATOMIC_RELAXED);
+  __atomic_store_n(&ep->on_err, cb, __ATOMIC_RELEASE);
   return 0;
 }
 

@@ -395,6 +395,8 @@ again:
   rt_conns = x;
   pthread_mutex_unlock(&rt_lock);
   cxr_rdma_ep_on_error(x->ep, on_ep_error, c);
+  if (cxr_rdma_ep_status(x->ep) != 0)  /* it failed before we listened */
+    on_ep_error(x->ep, cxr_rdma_ep_status(x->ep), c);
 
   r_open op = {.magic = R_MAGIC, .version = 1, .token = x->token, .heap_addr = x->hc_addr,
                .heap_size = x->hc_size};
