@@ -12,6 +12,14 @@ trap 'rm -rf "$work"' EXIT
 BIN=$("${B[@]}" info -c opt bazel-bin 2>/dev/null)
 bin() { echo "$BIN/$1"; }
 
+# ---- the README's tour: a Greeter server and a client process, generated stubs ----
+echo "== greet: the README tour (examples/greet): server and client processes, one pointer per call"
+"${BAZEL[@]}" //examples/greet
+mkdir -p "$work/greet"
+CXRPC_ROOT="$work/greet" "$(bin examples/greet/greet)" ada lovelace
+echo "-- files left under the pod root: $(ls -A "$work/greet" | wc -l)"
+echo
+
 # ---- shm: two processes share one heap at the same address and exchange a tree ----
 echo "== shared heap: a pointer-rich tree built by one process, walked by another"
 "${BAZEL[@]}" //examples/shared_heap //tools:cxrpcctl
@@ -49,6 +57,21 @@ kill -TERM "$kvpid"
 wait "$kvpid" || true
 tail -1 "$kvlog"
 rm -rf "$kvroot"
+
+# ---- idl: the document store, pointer-rich trees on generated code only ----
+echo
+echo "== docstore: JSON-like trees built in the connection heap and passed by one pointer"
+"${BAZEL[@]}" //examples/docstore:server //examples/docstore:client
+docroot=$(mktemp -d /dev/shm/cxrpc-doc.XXXX)
+doclog="$work/docstore.log"
+CXRPC_ROOT="$docroot" "$(bin examples/docstore/server)" >"$doclog" 2>&1 &
+docpid=$!
+for _ in $(seq 100); do grep -q serving "$doclog" && break; sleep 0.1; done
+CXRPC_ROOT="$docroot" "$(bin examples/docstore/client)" || echo "(docstore client failed)"
+kill -TERM "$docpid"
+wait "$docpid" || true
+cat "$doclog"
+rm -rf "$docroot"
 
 # ---- rdma: a kv client in another rack (network namespace, own pod root) over UCX/TCP ----
 echo
