@@ -6,11 +6,13 @@
  *                threads (a connection each) and with 16 calls in flight, connect time
  *                (from the ready pool), and the CPU an idle server uses (/proc/PID/stat).
  * Usage: rpc_bench [seconds per throughput run, default 1]
+ *        rpc_bench --rtt    (the floor and the round trip only)
  * Heaps live under a fresh CXRPC_ROOT on /dev/shm (tmpfs: emulated CXL memory).
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,7 +260,7 @@ static double cpu_seconds(pid_t pid) {
 
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--server") == 0) return server_main(argv[2], (unsigned)atoi(argv[3]));
-  double secs = argc > 1 ? atof(argv[1]) : 1.0;
+  double secs = argc > 1 && argv[1][0] != '-' ? atof(argv[1]) : 1.0;
   if (secs <= 0) secs = 1.0;
   char root[] = "/dev/shm/cxrpc-bench-XXXXXX";
   if (mkdtemp(root) == NULL) {
@@ -269,7 +271,9 @@ int main(int argc, char **argv) {
   /* The round trip of the polling path is what this measures: on a shared machine the
    * default (adaptive) would switch to sleeping whenever other load preempts us. */
   setenv("CXRPC_WAIT", getenv("CXRPC_WAIT") ? getenv("CXRPC_WAIT") : "spin", 1);
-  stats uds = unix_pingpong(50000);
+  /* --rtt: only the floor and the round trip (quick runs while tuning). */
+  bool rtt_only = argc > 1 && strcmp(argv[1], "--rtt") == 0;
+  stats uds = rtt_only ? (stats){1, 1} : unix_pingpong(50000);
 
   char name[32];
   snprintf(name, sizeof name, "bench%d", (int)getpid());
@@ -302,19 +306,23 @@ int main(int argc, char **argv) {
   free(rl);
   /* Best of three short runs: other processes on this machine only ever lower it. */
   double t1 = 0, t2 = 0, t16 = 0;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 3 && !rtt_only; i++) {
     double x;
     if ((x = throughput(name, 1, 1, secs)) > t1) t1 = x;
     if ((x = throughput(name, 2, 1, secs)) > t2) t2 = x;
     if ((x = throughput(name, 1, 16, secs)) > t16) t16 = x;
   }
-  stats cl, con = connect_time(name, 500, &cl);
-  /* Idle: a client stays connected, nobody calls. */
-  usleep(300000);
-  double cpu0 = cpu_seconds(srv);
-  int64_t w0 = cxr_now_ns();
-  sleep(3);
-  double idle_pct = (cpu_seconds(srv) - cpu0) / ((cxr_now_ns() - w0) / 1e9) * 100.0;
+  stats cl = {0, 0}, con = {0, 0};
+  double idle_pct = 0;
+  if (!rtt_only) {
+    con = connect_time(name, 500, &cl);
+    /* Idle: a client stays connected, nobody calls. */
+    usleep(300000);
+    double cpu0 = cpu_seconds(srv);
+    int64_t w0 = cxr_now_ns();
+    sleep(3);
+    idle_pct = (cpu_seconds(srv) - cpu0) / ((cxr_now_ns() - w0) / 1e9) * 100.0;
+  }
   cxr_conn_close(c);
   kill(srv, SIGTERM);
   waitpid(srv, NULL, 0);
