@@ -188,8 +188,24 @@ bool cxr__call_untrusted(cxr_call *call);
 cxr_range cxr__call_arg_extent(cxr_call *call, const void *args);
 /* l if it has any non-zero limit, else the defaults written into tmp. */
 const cxr_limits *cxr__limits(const cxr_limits *l, cxr_limits *tmp);
-/* Client side: the range a result may point into (the connection heap). */
+/* Client side: the range a result may point into (cxr_conn_result_range: the connection
+ * heap, or across racks the replica of the server's result heap). */
 cxr_range cxr__conn_range(cxr_conn *c);
+/* A message's internal ranges walk (pkg_M__rin). */
+typedef int (*cxr__rinfn)(const void *p, cxr_ranges *r, unsigned depth);
+/* The merged byte ranges of the graph at m (a message of `size` bytes) into rg (initialized
+ * here; the caller frees it on success). */
+int cxr__graph_ranges(const void *m, size_t size, cxr__rinfn walk, cxr_ranges *rg);
+/* Server side, one cxr_call_peer: whether to validate, whether the peer is in another rack. */
+int cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote);
+/* Client stubs: the options for a call with argument rq on c. On a remote connection whose
+ * caller gave no ranges, *tmp is o (or the defaults) with the argument graph's ranges (kept
+ * in rg, which the stub frees after the call); otherwise o itself. NULL with *err on error. */
+const cxr_call_opts *cxr__stub_opts(cxr_conn *c, const void *rq, size_t size, cxr__rinfn walk,
+                                    const cxr_call_opts *o, cxr_call_opts *tmp, cxr_ranges *rg,
+                                    int *err);
+/* Skeleton, remote peer: ships the whole result graph at rs (cxr_call_set_result_ranges). */
+int cxr__skel_result(cxr_call *call, const void *rs, size_t size, cxr__rinfn walk);
 
 #ifdef __cplusplus
 }

@@ -8,14 +8,53 @@ bool cxr__call_untrusted(cxr_call *call) {
   return !p.trusted;
 }
 
-cxr_range cxr__conn_range(cxr_conn *c) {
-  cxr_range r = {NULL, 0};
-  cxr_heap *h = c ? cxr_conn_heap(c) : NULL;
-  if (h) {
-    r.p = cxr_heap_base(h);
-    r.len = cxr_heap_size(h);
+cxr_range cxr__conn_range(cxr_conn *c) { return cxr_conn_result_range(c); }
+
+int cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote) {
+  cxr_peer p;
+  if (!call || cxr_call_peer(call, &p) != 0) {
+    *untrusted = true;  /* unknown peer: never skip validation by mistake */
+    *remote = false;
+    return 0;
   }
-  return r;
+  *untrusted = !p.trusted;
+  *remote = p.pid == -1;
+  return 0;
+}
+
+int cxr__graph_ranges(const void *m, size_t size, cxr__rinfn walk, cxr_ranges *rg) {
+  cxr_ranges_init(rg);
+  int rc = cxr_ranges_add(rg, m, size);
+  if (!rc) rc = walk(m, rg, 0);
+  /* Merged: fewer ranges to ship, none twice. Blocks have in-band headers or are whole
+   * pages, so distinct small blocks never touch and each range still starts a block. */
+  if (!rc) cxr_ranges_merge(rg);
+  if (rc) cxr_ranges_free(rg);
+  return rc;
+}
+
+const cxr_call_opts *cxr__stub_opts(cxr_conn *c, const void *rq, size_t size, cxr__rinfn walk,
+                                    const cxr_call_opts *o, cxr_call_opts *tmp, cxr_ranges *rg,
+                                    int *err) {
+  *err = 0;
+  cxr_ranges_init(rg);
+  if (!cxr_conn_is_remote(c) || (o && o->ranges)) return o;
+  if ((*err = cxr__graph_ranges(rq, size, walk, rg)) != 0) return NULL;
+  if (o) *tmp = *o;
+  else cxr_call_opts_init(tmp);
+  tmp->ranges = rg->items;
+  tmp->nranges = rg->count;
+  return tmp;
+}
+
+int cxr__skel_result(cxr_call *call, const void *rs, size_t size, cxr__rinfn walk) {
+  if (!rs) return 0;
+  cxr_ranges rg;
+  int rc = cxr__graph_ranges(rs, size, walk, &rg);
+  if (rc) return rc;
+  rc = cxr_call_set_result_ranges(call, rg.items, rg.count);  /* copies them */
+  cxr_ranges_free(&rg);
+  return rc;
 }
 
 cxr_range cxr__call_arg_extent(cxr_call *call, const void *args) {

@@ -691,3 +691,20 @@ void cxr_conn_free(cxr_conn *c, void *result) {
   else if (cxr_heap_contains(c->heap, result, 1))
     cxr_heap_free(c->heap, result);
 }
+
+bool cxr_conn_is_remote(const cxr_conn *c) { return c != NULL && c->remote != NULL; }
+
+/* Where a call's result may live: the connection heap in the pod, the replica of the
+ * server's result heap across racks (typed stubs validate results against it). */
+cxr_range cxr_conn_result_range(cxr_conn *c) {
+  cxr_range r = {NULL, 0};
+  if (c == NULL) return r;
+  if (c->remote != NULL) {
+    r.p = (const void *)c->remote->rs_addr;
+    r.len = c->remote->rs_size;
+  } else if (c->heap != NULL) {
+    r.p = cxr_heap_base(c->heap);
+    r.len = cxr_heap_size(c->heap);
+  }
+  return r;
+}

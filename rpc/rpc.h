@@ -29,6 +29,9 @@
  *    cxr_channel_inspect, with cxr_channel_info / cxr_conn_info) for cxrpcctl.
  *  - Channel names: at most 32 characters of [A-Za-z0-9._-].
  *  - Added cxr_call_arg_len (bytes at args as sent).
+ *  - Added cxr_conn_is_remote and cxr_conn_result_range (where results may live: the
+ *    connection heap, or across racks the replica of the server's result heap), so typed
+ *    stubs can ship argument ranges and check results on remote connections.
  */
 #ifndef CXRPC_RPC_H
 #define CXRPC_RPC_H
@@ -116,6 +119,11 @@ void cxr_conn_close(cxr_conn *c);
  * connection heap; for a remote ("ucx://") connection the result lives in the server's heap
  * (replicated here at the same address) and this returns its blocks to the server. */
 void cxr_conn_free(cxr_conn *c, void *result);
+/* True for a "ucx://" connection (calls then ship argument ranges, cxr_call_opts.ranges). */
+bool cxr_conn_is_remote(const cxr_conn *c);
+/* The memory a call's result may lie in: the connection heap in the pod; across racks the
+ * replica of the server's result heap for this connection. {NULL, 0} for NULL. */
+cxr_range cxr_conn_result_range(cxr_conn *c);
 
 /* ---- futures ---- */
 int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result); /* call's code */

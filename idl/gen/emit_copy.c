@@ -239,6 +239,10 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
     const char *n = f->msgs[i]->cname;
     gb_printf(h, "int %s_copy(cxr_heap *to, const %s *m, %s **out);\n", n, n, n);
     gb_printf(h, "void %s_free(cxr_heap *h, %s *m);\n", n, n);
+    gb_printf(h,
+              "/* Gives back a call's result m of connection c: %s_free on the connection heap "
+              "in the pod,\n * cxr_conn_free (back to the server's heap) across racks. */\n"
+              "void %s_release(cxr_conn *c, %s *m);\n", n, n, n);
     gb_printf(h, "bool %s_equal(const %s *a, const %s *b);\n", n, n, n);
     gb_printf(h, "int %s_ranges(const %s *m, cxr_ranges *out);\n", n, n);
   }
@@ -287,6 +291,11 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
     gb_printf(c,
               "\nvoid %s_free(cxr_heap *h, %s *m) {\n  if (!h || !m) return;\n"
               "  %s__fin(h, m);\n  cxr_heap_free(h, m);\n}\n",
+              n, n, n);
+    gb_printf(c,
+              "\nvoid %s_release(cxr_conn *c, %s *m) {\n  if (!c || !m) return;\n"
+              "  if (cxr_conn_is_remote(c)) cxr_conn_free(c, m);\n"
+              "  else %s_free(cxr_conn_heap(c), m);\n}\n",
               n, n, n);
     gb_printf(c,
               "\nbool %s_equal(const %s *a, const %s *b) {\n  if (a == b) return true;\n"

@@ -8,9 +8,10 @@ static void emit_client(gen_buf *h, gen_buf *c, const gm_service *s, const gm_me
   gb_printf(h, "/* %s: id 0x%08x = FNV-1a(\"%s\") */\n#define %s_ID 0x%08xu\n", x->path, x->id,
             x->path, n, x->id);
   gb_printf(h,
-            "/* Calls %s with rq (built in cxr_conn_heap(c)); *rs is the result in the same "
-            "heap,\n * validated, owned by the caller (%s_free(cxr_conn_heap(c), *rs)); it "
-            "may be NULL. */\n",
+            "/* Calls %s with rq (built in cxr_conn_heap(c)); *rs is the result, validated "
+            "inside\n * cxr_conn_result_range(c), owned by the caller, given back with "
+            "%s_release(c, *rs); it\n * may be NULL. On a remote (\"ucx://\") connection "
+            "the argument graph's ranges are shipped\n * unless o->ranges names them. */\n",
             x->path, out);
   gb_printf(h, "int %s(cxr_conn *c, const %s *rq, %s **rs, const cxr_call_opts *o);\n", n, in,
             out);
@@ -29,22 +30,31 @@ static void emit_client(gen_buf *h, gen_buf *c, const gm_service *s, const gm_me
             "    /* the server is a peer too: its result must stay inside our heap */\n"
             "    cxr_range r = cxr__conn_range(c);\n"
             "    int rc = %s_validate((const %s *)res, &r, NULL);\n"
-            "    if (rc) return rc;\n  }\n"
+            "    if (rc) {\n      if (cxr_conn_is_remote(c)) cxr_conn_free(c, res);  /* the server's blocks */\n"
+            "      return rc;\n    }\n  }\n"
             "  *rs = (%s *)res;\n  return 0;\n}\n",
             n, out, out, out, out);
   gb_printf(c,
             "\nint %s(cxr_conn *c, const %s *rq, %s **rs, const cxr_call_opts *o) {\n"
             "  if (!c || !rq || !rs) return CXR_EINVAL;\n"
             "  void *res = NULL;\n"
-            "  int rc = cxr_conn_call(c, %s_ID, rq, &res, o);\n"
+            "  cxr_call_opts tmp;\n  cxr_ranges rg;\n  int rc;\n"
+            "  const cxr_call_opts *uo = cxr__stub_opts(c, rq, sizeof *rq, %s__rin, o, &tmp, &rg, &rc);\n"
+            "  if (rc) return rc;\n"
+            "  rc = cxr_conn_call(c, %s_ID, rq, &res, uo);\n"
+            "  cxr_ranges_free(&rg);\n"
             "  if (rc) return rc;\n"
             "  return %s__result(c, res, rs);\n}\n",
-            n, in, out, n, n);
+            n, in, out, in, n, n);
   gb_printf(c,
             "\nint %s_async(cxr_conn *c, const %s *rq, cxr_future **f, const cxr_call_opts *o) {\n"
             "  if (!c || !rq || !f) return CXR_EINVAL;\n"
-            "  return cxr_conn_call_async(c, %s_ID, rq, f, o);\n}\n",
-            n, in, n);
+            "  cxr_call_opts tmp;\n  cxr_ranges rg;\n  int rc;\n"
+            "  const cxr_call_opts *uo = cxr__stub_opts(c, rq, sizeof *rq, %s__rin, o, &tmp, &rg, &rc);\n"
+            "  if (rc) return rc;\n"
+            "  rc = cxr_conn_call_async(c, %s_ID, rq, f, uo);\n"
+            "  cxr_ranges_free(&rg);\n  return rc;\n}\n",
+            n, in, in, n);
   gb_printf(c,
             "\nint %s_wait(cxr_conn *c, cxr_future *f, int64_t timeout_ns, %s **rs) {\n"
             "  if (!c || !f || !rs) return CXR_EINVAL;\n"
@@ -100,15 +110,20 @@ void emit_service(gen_buf *h, gen_buf *c, const gm_file *f) {
                 "  %s_server *srv = (%s_server *)user;\n"
                 "  const %s *rq = (const %s *)args;\n"
                 "  if (!rq) return CXR_EPROTO;\n"
-                "  if (cxr__call_untrusted(call)) {\n"
-                "    cxr_range r = cxr__call_arg_extent(call, args);\n"
+                "  bool untrusted, remote;\n"
+                "  cxr__call_kind(call, &untrusted, &remote);\n"
+                "  if (untrusted) {\n"
+                "    /* across racks the graph lies in our replica of the caller's heap */\n"
+                "    cxr_range r = remote ? cxr_call_arg_range(call) : cxr__call_arg_extent(call, args);\n"
                 "    cxr_limits tmp;\n"
                 "    int rc = %s_validate(rq, &r, cxr__limits(&srv->limits, &tmp));\n"
                 "    if (rc) return rc;\n  }\n"
                 "  %s *rs = NULL;\n"
                 "  int rc = srv->handlers.%s(call, rq, &rs, srv->user);\n"
+                "  /* another rack: ship the whole result graph, not only its root block */\n"
+                "  if (rc == 0 && remote && rs) rc = cxr__skel_result(call, rs, sizeof *rs, %s__rin);\n"
                 "  *result = rs;\n  return rc;\n}\n",
-                x->cname, sn, sn, in, in, in, out, x->member);
+                x->cname, sn, sn, in, in, in, out, x->member, out);
     }
     gb_printf(c, "\nint %s_serve(cxr_channel *ch, %s_server *srv) {\n", sn, sn);
     gb_printf(c, "  if (!ch || !srv) return CXR_EINVAL;\n  int rc = 0;\n  (void)rc;\n");

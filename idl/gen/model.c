@@ -516,7 +516,7 @@ static bool claim_all(gm_model *m, gm_file *f) {
     }
   }
   static const char *const msuf[] = {"", "_vec", "_new", "_validate", "_copy", "_free",
-                                     "_equal", "_ranges", "_to_pb", "_from_pb", "_pb_free",
+                                     "_release", "_equal", "_ranges", "_to_pb", "_from_pb", "_pb_free",
                                      "__vin", "__cin", "__fin", "__rin", "__tpb", "__fpb",
                                      "__eq"};
   for (size_t i = 0; i < f->nmsgs; i++) {
