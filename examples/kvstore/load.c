@@ -1,4 +1,4 @@
-/* kv_load: a YCSB-like load generator for kv_server. Each thread has its own connection and
+/* kv_load: a YCSB-like load generator for kv_server, on the stubs generated from kv.proto. Each thread has its own connection and
  * runs a closed loop of calls; keys follow a Zipfian distribution (scrambled, as in YCSB).
  *   kv_load [--channel kv | ucx://HOST:PORT/kv] [--threads 2] [--seconds 3] [--workload a|b|c] [--keys N]
  *           [--value-size BYTES] [--zipf THETA] [--no-preload] [--unix PATH]
@@ -17,6 +17,7 @@
 
 #include <cxrpc/rpc.h>
 
+#include "examples/kvstore/kv.cxr.h"
 #include "examples/kvstore/kv.h"
 #include "examples/kvstore/unix.h"
 
@@ -91,44 +92,61 @@ static void preload_done(worker *w) {
 
 static int key_of(uint64_t k, char *buf) { return snprintf(buf, 32, "key:%010llu", (unsigned long long)k); }
 
+/* One thread's requests, built once in the connection heap and reused for every call
+ * (only the key bytes and lengths change): a call allocates nothing on the client. The
+ * messages are from kv.proto; across racks the generated stubs ship exactly their bytes. */
+typedef struct reqs {
+  kv_GetRequest *get;
+  kv_SetRequest *set;
+  char *key;    /* KV_KEY_MAX bytes, shared by both requests' key fields */
+  char *value;  /* value_size bytes */
+} reqs;
+
 /* SET key k to value_size bytes whose first 8 hold k (checked by GET). */
-static int do_set(cxr_conn *conn, char *value, uint32_t vlen, uint64_t k) {
-  kv_req r;
-  r.key_len = (uint32_t)key_of(k, r.key);
-  r.value_len = vlen;
-  r.value = (uint64_t)(uintptr_t)value;
-  if (vlen >= 8) memcpy(value, &k, 8);
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.flags = CXR_CALL_INLINE;
-  o.arg_len = KV_REQ_SIZE(r.key_len);
-  cxr_range vr = {value, vlen}; /* across racks: ship the value into the server's replica */
-  o.ranges = &vr;
-  o.nranges = vlen ? 1 : 0;
-  return cxr_conn_call(conn, KV_SET, &r, NULL, &o);
+static int do_set(cxr_conn *conn, reqs *q, uint32_t vlen, uint64_t k) {
+  q->set->key.len = (uint64_t)key_of(k, q->key);
+  q->set->value.len = vlen;
+  if (vlen >= 8) memcpy(q->value, &k, 8);
+  kv_SetResponse *rs = NULL;
+  int rc = kv_KV_Set(conn, q->set, &rs, NULL);
+  if (rs) kv_SetResponse_release(conn, rs); /* the server returns none; a buggy one might */
+  return rc;
 }
 
-static int do_get(cxr_conn *conn, uint64_t k, uint32_t vlen, bool *hit, bool *bad) {
-  kv_req r;
-  r.key_len = (uint32_t)key_of(k, r.key);
-  r.value_len = 0;
-  r.value = 0;
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.flags = CXR_CALL_INLINE;
-  o.arg_len = KV_REQ_SIZE(r.key_len);
-  void *res = NULL;
-  int rc = cxr_conn_call(conn, KV_GET, &r, &res, &o);
-  *hit = res != NULL;
+static int do_get(cxr_conn *conn, reqs *q, uint64_t k, uint32_t vlen, bool *hit, bool *bad) {
+  q->get->key.len = (uint64_t)key_of(k, q->key);
+  kv_GetResponse *rs = NULL;
+  int rc = kv_KV_Get(conn, q->get, &rs, NULL); /* rs validated by the stub */
+  *hit = rs != NULL;
   *bad = false;
-  if (res != NULL) {
-    kv_value *v = res;
+  if (rs != NULL) {
     uint64_t got = 0;
-    if (v->len >= 8) memcpy(&got, v->data, 8);
-    *bad = v->len != vlen || (vlen >= 8 && got != k);
-    cxr_conn_free(conn, res); /* in the pod: cxr_heap_free; across racks: back to the server */
+    if (rs->value.len >= 8) memcpy(&got, rs->value.ptr, 8);
+    *bad = rs->value.len != vlen || (vlen >= 8 && got != k);
+    kv_GetResponse_release(conn, rs); /* in the pod: freed; across racks: back to the server */
   }
   return rc;
+}
+
+static void reqs_free(cxr_heap *h, reqs *q) {
+  cxr_heap_free(h, q->get);
+  cxr_heap_free(h, q->set);
+  cxr_heap_free(h, q->key);
+  cxr_heap_free(h, q->value);
+}
+
+static int reqs_new(cxr_heap *h, reqs *q, uint32_t vsize) {
+  *q = (reqs){kv_GetRequest_new(h), kv_SetRequest_new(h), cxr_heap_alloc(h, KV_KEY_MAX),
+              cxr_heap_alloc(h, vsize ? vsize : 1)};
+  if (!q->get || !q->set || !q->key || !q->value) {
+    reqs_free(h, q);
+    return CXR_ENOMEM;
+  }
+  memset(q->value, 'v', vsize);
+  q->get->key.ptr = (const uint8_t *)q->key;
+  q->set->key.ptr = (const uint8_t *)q->key;
+  q->set->value.ptr = (const uint8_t *)q->value;
+  return 0;
 }
 
 /* ---- the Unix-socket baseline: same operations, bytes copied through the kernel ---- */
@@ -221,16 +239,14 @@ static void *run_cxrpc(worker *w) {
   const cfg *c = w->c;
   cxr_conn *conn;
   if ((w->setup_rc = cxr_connect(&conn, c->channel, NULL)) != 0) return NULL;
-  char *value = cxr_heap_alloc(cxr_conn_heap(conn), c->value_size ? c->value_size : 1);
-  if (value == NULL) {
-    w->setup_rc = cxr_last_error();
+  reqs q;
+  if ((w->setup_rc = reqs_new(cxr_conn_heap(conn), &q, c->value_size)) != 0) {
     cxr_conn_close(conn);
     return NULL;
   }
-  memset(value, 'v', c->value_size);
   if (c->preload) /* each thread loads its share of the keys */
     for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
-      if (do_set(conn, value, c->value_size, k) != 0) w->errors++;
+      if (do_set(conn, &q, c->value_size, k) != 0) w->errors++;
   preload_done(w);
   uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
   int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
@@ -242,12 +258,12 @@ static void *run_cxrpc(worker *w) {
     int rc;
     if ((int)(rng_next(&rng) % 100) < get_pct) {
       bool hit, bad;
-      rc = do_get(conn, k, c->value_size, &hit, &bad);
+      rc = do_get(conn, &q, k, c->value_size, &hit, &bad);
       w->gets++;
       w->hits += hit;
       w->bad_values += bad;
     } else {
-      rc = do_set(conn, value, c->value_size, k);
+      rc = do_set(conn, &q, c->value_size, k);
       w->sets++;
     }
     int64_t dt = cxr_now_ns() - t0;
@@ -255,7 +271,7 @@ static void *run_cxrpc(worker *w) {
     w->ops++;
     if (w->nlat < w->cap) w->lat[w->nlat++] = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
   }
-  cxr_heap_free(cxr_conn_heap(conn), value);
+  reqs_free(cxr_conn_heap(conn), &q);
   cxr_conn_close(conn);
   return NULL;
 }

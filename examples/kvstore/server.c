@@ -1,5 +1,8 @@
-/* kv_server: a memcached-like store served over cxrpc (get, set, delete, stats).
+/* kv_server: a memcached-like store served over cxrpc (get, set, delete, stats) with the
+ * stubs generated from kv.proto (service kv.KV).
  *   kv_server [--workers N] [--channel NAME] [--heap MiB] [--unix PATH] [--listen ucx://ADDR:PORT]
+ *             [--untrusted]
+ * --untrusted makes the generated skeleton validate every request graph before a handler.
  * Prints "kv_server ready on channel NAME" and serves until SIGINT or SIGTERM.
  * The store is process-private memory (store.c); values cross the call boundary by pointer
  * and are copied exactly once each way. --unix PATH also serves the same store over a Unix
@@ -13,76 +16,82 @@
 
 #include <cxrpc/rpc.h>
 
+#include "examples/kvstore/kv.cxr.h"
 #include "examples/kvstore/kv.h"
 #include "examples/kvstore/store.h"
 #include "examples/kvstore/unix.h"
 
-/* Checks a request from the (possibly buggy) client: the struct and its key inside what was
- * sent, the value inside the connection heap. Returns 0 or a CXR_E* code. */
-static int check_req(cxr_call *call, const void *args, const kv_req **out, bool want_value) {
-  if (args == NULL) return CXR_EINVAL;
-  cxr_range heap = cxr_call_arg_range(call);
-  size_t sent = cxr_call_arg_len(call);
-  const kv_req *r = args;
-  const char *lo = heap.p, *hi = lo + heap.len, *p = args;
-  bool in_heap = p >= lo && p < hi;
-  size_t room = sent ? sent : in_heap ? (size_t)(hi - p) : 0;
-  if (room < offsetof(kv_req, key)) return CXR_EPROTO;
-  uint32_t kl = r->key_len, vl = r->value_len;
-  if (kl == 0 || kl > KV_KEY_MAX || KV_REQ_SIZE(kl) > room) return CXR_EPROTO;
-  if (want_value) {
-    const char *v = (const char *)(uintptr_t)r->value;
-    if (vl > KV_VALUE_MAX) return CXR_EINVAL;
-    if (vl && (v < lo || v > hi || (size_t)(hi - v) < vl)) return CXR_EBADPTR;
-  }
-  *out = r;
-  return 0;
+/* The handlers run behind the generated skeleton (kv.cxr.c). The channel is trusted by
+ * default, as memcached's clients are: the skeleton does not walk requests, so the handlers
+ * check the two pointers they follow (key and value inside the caller's heap, which across
+ * racks is our replica of it), as cheap as the raw API's checks were. --untrusted makes the
+ * skeleton validate every request graph first. Results are built in cxr_call_heap(call);
+ * across racks the skeleton ships the whole result graph back. */
+static int check_bytes(cxr_call *call, const cxr_bytes *b, size_t max) {
+  if (b->len > max) return CXR_EINVAL;
+  if (b->len == 0) return 0;
+  cxr_range r = cxr_call_arg_range(call);
+  uintptr_t p = (uintptr_t)b->ptr, lo = (uintptr_t)r.p;
+  return p >= lo && p - lo <= r.len && b->len <= r.len - (p - lo) ? 0 : CXR_EBADPTR;
 }
 
-static void *heap_alloc(void *ctx, size_t n) { return cxr_heap_alloc(cxr_call_heap(ctx), n); }
-
-static int kv_get(cxr_call *call, const void *args, void **result, void *user) {
-  const kv_req *r;
-  int rc = check_req(call, args, &r, false);
-  if (rc) return rc;
-  char key[KV_KEY_MAX];
-  uint32_t kl = r->key_len;
-  memcpy(key, r->key, kl); /* copied once out of shared memory */
-  kv_value *v;
-  rc = store_get(user, key, kl, heap_alloc, call, &v);
-  *result = v;
+/* The key, checked and copied once out of shared memory before it is used. */
+static int check_key(cxr_call *call, const cxr_bytes *k, char *copy) {
+  if (k->len == 0) return CXR_EINVAL;
+  int rc = check_bytes(call, k, KV_KEY_MAX);
+  if (rc == 0) memcpy(copy, k->ptr, k->len);
   return rc;
 }
 
-static int kv_set(cxr_call *call, const void *args, void **result, void *user) {
-  const kv_req *r;
-  int rc = check_req(call, args, &r, true);
-  if (rc) return rc;
-  /* Key copied out of shared memory first (the client could change it while we look). */
+static void *heap_alloc(void *ctx, size_t n) { return cxr_heap_alloc(ctx, n); }
+
+static int kv_get(cxr_call *call, const kv_GetRequest *rq, kv_GetResponse **rs, void *user) {
   char key[KV_KEY_MAX];
-  uint32_t kl = r->key_len, vl = r->value_len;
-  memcpy(key, r->key, kl);
-  (void)result;
-  return store_set(user, key, kl, (const void *)(uintptr_t)r->value, vl);
+  int rc = check_key(call, &rq->key, key);
+  if (rc) return rc;
+  cxr_heap *h = cxr_call_heap(call);
+  void *v;
+  uint32_t vl;
+  if ((rc = store_get(user, key, (uint32_t)rq->key.len, heap_alloc, h, &v, &vl)) || v == NULL)
+    return rc; /* a miss: NULL result */
+  kv_GetResponse *r = kv_GetResponse_new(h);
+  if (r == NULL) {
+    cxr_heap_free(h, v);
+    return CXR_ENOMEM;
+  }
+  r->value.ptr = v; /* the copy store_get made in the call heap: no second copy */
+  r->value.len = vl;
+  *rs = r;
+  return 0;
 }
 
-static int kv_delete(cxr_call *call, const void *args, void **result, void *user) {
-  const kv_req *r;
-  int rc = check_req(call, args, &r, false);
-  if (rc) return rc;
+static int kv_set(cxr_call *call, const kv_SetRequest *rq, kv_SetResponse **rs, void *user) {
   char key[KV_KEY_MAX];
-  uint32_t kl = r->key_len;
-  memcpy(key, r->key, kl);
-  (void)result;
-  return store_del(user, key, kl);
+  int rc = check_key(call, &rq->key, key);
+  if (rc) return rc;
+  if ((rc = check_bytes(call, &rq->value, KV_VALUE_MAX)) != 0) return rc;
+  (void)rs;
+  return store_set(user, key, (uint32_t)rq->key.len, rq->value.ptr, (uint32_t)rq->value.len);
 }
 
-static int kv_stats_fn(cxr_call *call, const void *args, void **result, void *user) {
-  kv_stats *st = cxr_heap_alloc(cxr_call_heap(call), sizeof *st);
-  if (st == NULL) return CXR_ENOMEM;
-  store_stats(user, st);
-  *result = st;
-  (void)args;
+static int kv_delete(cxr_call *call, const kv_DeleteRequest *rq, kv_DeleteResponse **rs,
+                     void *user) {
+  char key[KV_KEY_MAX];
+  int rc = check_key(call, &rq->key, key);
+  (void)rs;
+  return rc ? rc : store_del(user, key, (uint32_t)rq->key.len);
+}
+
+static int kv_stats_fn(cxr_call *call, const kv_StatsRequest *rq, kv_StatsResponse **rs,
+                       void *user) {
+  kv_StatsResponse *r = kv_StatsResponse_new(cxr_call_heap(call));
+  if (r == NULL) return CXR_ENOMEM;
+  kv_stats st;
+  store_stats(user, &st);
+  *r = (kv_StatsResponse){.items = st.items, .bytes = st.bytes, .gets = st.gets,
+                          .hits = st.hits, .sets = st.sets, .deletes = st.deletes};
+  *rs = r;
+  (void)rq;
   return 0;
 }
 
@@ -98,9 +107,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--heap") && i + 1 < argc) o.conn_heap_size = (size_t)atoi(argv[++i]) << 20;
     else if (!strcmp(argv[i], "--unix") && i + 1 < argc) unix_path = argv[++i];
     else if (!strcmp(argv[i], "--listen") && i + 1 < argc) o.listen = argv[++i]; /* other racks */
+    else if (!strcmp(argv[i], "--untrusted")) o.untrusted = true;
     else {
       fprintf(stderr, "usage: kv_server [--workers N] [--channel NAME] [--heap MiB] [--unix PATH]\n"
-                      "                 [--listen ucx://ADDR:PORT]\n");
+                      "                 [--listen ucx://ADDR:PORT] [--untrusted]\n");
       return 2;
     }
   }
@@ -117,10 +127,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kv_server: cannot open channel %s: %s\n", name, cxr_strerror(rc));
     return 1;
   }
-  cxr_channel_on(ch, KV_GET, kv_get, s);
-  cxr_channel_on(ch, KV_SET, kv_set, s);
-  cxr_channel_on(ch, KV_DELETE, kv_delete, s);
-  cxr_channel_on(ch, KV_STATS, kv_stats_fn, s);
+  static kv_KV_server srv = {.handlers = {.Get = kv_get, .Set = kv_set, .Delete = kv_delete,
+                                          .Stats = kv_stats_fn}};
+  srv.user = s;
+  cxr_limits_init(&srv.limits);
+  srv.limits.max_len = KV_VALUE_MAX; /* no bytes field longer than a value */
+  srv.limits.max_nodes = 16;
+  if ((rc = kv_KV_serve(ch, &srv)) != 0) {
+    fprintf(stderr, "kv_server: %s\n", cxr_strerror(rc));
+    return 1;
+  }
   if ((rc = cxr_channel_start(ch)) != 0) {
     fprintf(stderr, "kv_server: %s\n", cxr_strerror(rc));
     return 1;

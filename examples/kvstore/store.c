@@ -36,21 +36,22 @@ static uint64_t hash_key(const char *k, uint32_t n) {
 
 /* Looks key up; on a hit copies the value into a block from alloc(ctx, size). */
 int store_get(store *s, const char *key, uint32_t kl, void *(*alloc)(void *, size_t),
-                     void *ctx, kv_value **out) {
+              void *ctx, void **out, uint32_t *len) {
   uint64_t h = hash_key(key, kl);
   *out = NULL;
+  *len = 0;
   __atomic_fetch_add(&s->gets, 1, __ATOMIC_RELAXED);
   pthread_rwlock_t *l = &s->locks[h % STRIPES];
   pthread_rwlock_rdlock(l);
   for (item *it = s->buckets[h % BUCKETS]; it; it = it->next) {
     if (it->hash == h && it->key_len == kl && !memcmp(it->key, key, kl)) {
-      kv_value *v = alloc(ctx, sizeof *v + it->value_len);
+      void *v = alloc(ctx, it->value_len ? it->value_len : 1);
       if (v == NULL) {
         pthread_rwlock_unlock(l);
         return CXR_ENOMEM;
       }
-      v->len = it->value_len;
-      memcpy(v->data, it->value, it->value_len);
+      memcpy(v, it->value, it->value_len);
+      *len = it->value_len;
       pthread_rwlock_unlock(l);
       __atomic_fetch_add(&s->hits, 1, __ATOMIC_RELAXED);
       *out = v;

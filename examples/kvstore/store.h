@@ -10,10 +10,10 @@ typedef struct store store;
 
 store *store_new(void);
 void store_free(store *s);
-/* 0 with *out = a copy of the value in a block from alloc(ctx, size), or *out = NULL on a
- * miss; CXR_ENOMEM if alloc fails. */
+/* 0 with *out = a copy of the value (*len bytes) in a block from alloc(ctx, size), or
+ * *out = NULL on a miss; CXR_ENOMEM if alloc fails. */
 int store_get(store *s, const char *key, uint32_t kl, void *(*alloc)(void *, size_t), void *ctx,
-              kv_value **out);
+              void **out, uint32_t *len);
 /* Stores copies of key and value (value is read once, here). 0 or CXR_ENOMEM. */
 int store_set(store *s, const char *key, uint32_t kl, const void *value, uint32_t vl);
 /* 0, or CXR_ENOENT when the key is absent. */

@@ -75,16 +75,17 @@ static void *serve_conn(void *arg) {
     if (read_full(a.fd, key, rq.key_len) != 0) break;
     if (rq.value_len && read_full(a.fd, value, rq.value_len) != 0) break;
     kv_wire_resp rs = {0, 0, 0};
-    kv_value *v = NULL;
-    if (rq.op == KV_GET) rs.status = store_get(a.s, key, rq.key_len, malloc_ctx, NULL, &v);
+    void *v = NULL;
+    uint32_t vlen = 0;
+    if (rq.op == KV_GET) rs.status = store_get(a.s, key, rq.key_len, malloc_ctx, NULL, &v, &vlen);
     else if (rq.op == KV_SET) rs.status = store_set(a.s, key, rq.key_len, value, rq.value_len);
     else if (rq.op == KV_DELETE) rs.status = store_del(a.s, key, rq.key_len);
     else rs.status = CXR_ENOMETHOD;
     if (v) {
       rs.found = 1;
-      rs.value_len = v->len;
+      rs.value_len = vlen;
     }
-    int bad = write_full(a.fd, &rs, sizeof rs) != 0 || (v && v->len && write_full(a.fd, v->data, v->len) != 0);
+    int bad = write_full(a.fd, &rs, sizeof rs) != 0 || (v && vlen && write_full(a.fd, v, vlen) != 0);
     free(v);
     if (bad) break;
   }
