@@ -206,8 +206,12 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
 static unsigned drain(cxr_conn *c) {
   cxr__desc d;
   unsigned n = 0;
-  while (n < c->ntab && cxr__ring_pop(&c->resp, &d) == 0) {
+  uint64_t pos;
+  /* The slot goes back after delivery: the store that returns it (its line is shared with
+   * the server) would otherwise sit ahead of deliver's CAS in the store queue. */
+  while (n < c->ntab && cxr__ring_take(&c->resp, &d, &pos) == 0) {
     deliver(c, &d);
+    cxr__ring_release(&c->resp, pos);
     n++;
   }
   return n;
@@ -226,8 +230,9 @@ static bool final(uint32_t s) {
 static __thread cxr__waitpol tl_wait;
 
 static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
-  int64_t start = cxr_now_ns(), spin, yield_ns;
-  cxr__wait_windows(&tl_wait, start, &spin, &yield_ns);
+  /* The clock is first read after 16 polls: a call answered within them (the polling
+   * path) never reads it here. */
+  int64_t start = 0, spin = 0, yield_ns = 0;
   bool checked = false;
   for (unsigned i = 0;; i++) {
     if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) return 0;
@@ -238,6 +243,10 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
       continue;
     }
     int64_t now = cxr_now_ns();
+    if (start == 0) {
+      start = now;
+      cxr__wait_windows(&tl_wait, start, &spin, &yield_ns);
+    }
     if (now >= f->deadline) {
       if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
       continue;

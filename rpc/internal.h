@@ -18,6 +18,7 @@
 #define CXRPC_RPC_INTERNAL_H
 
 #include <cxrpc/rpc.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -34,7 +35,7 @@ extern "C" {
 
 #define CXR__CHAN_MAGIC 0x314e414843525843ull /* "CXRCHAN1" */
 #define CXR__CONN_MAGIC 0x314e4e4f43525843ull /* "CXRCONN1" */
-#define CXR__VERSION 1u
+#define CXR__VERSION 2u      /* 2: rings and counters padded to 128 bytes */
 #define CXR__INLINE_MAX 72u     /* bytes of arguments a descriptor carries inline */
 #define CXR__MAX_CONNS 1024u
 #define CXR__CHAN_NAME_MAX 32u  /* heap names add prefix, pid, slot and generation */
@@ -57,12 +58,23 @@ typedef struct cxr__desc {
   unsigned char data[CXR__INLINE_MAX];
 } __attribute__((aligned(64))) cxr__desc;
 
+/* head (written by consumers), tail (producers) and the futex word sit 128 bytes apart:
+ * CPUs fetch lines in adjacent pairs, and the two processes write head and tail on every
+ * call, so 64 bytes apart they could still steal each other's line. (Padding, not 128-byte
+ * alignment: the heap aligns the block to 64.) */
 typedef struct cxr__ring {
   uint64_t head __attribute__((aligned(64)));  /* next position to pop */
-  uint64_t tail __attribute__((aligned(64)));  /* next position to push */
-  uint32_t futex __attribute__((aligned(64))); /* bumped when a sleeper must wake */
+  char pad0_[120];
+  uint64_t tail;                               /* next position to push */
+  char pad1_[120];
+  uint32_t futex;                              /* bumped when a sleeper must wake */
   uint32_t sleepers;                           /* threads asleep (or about to) on futex */
+  char pad2_[120];
 } cxr__ring;
+#ifndef __cplusplus
+_Static_assert(offsetof(cxr__ring, tail) == 128 && offsetof(cxr__ring, futex) == 256,
+               "ring words 128 bytes apart");
+#endif
 
 /* A private view of a ring: geometry copied at setup, never re-read from shared memory. */
 typedef struct cxr__rview {
@@ -78,6 +90,15 @@ int cxr__ring_push(const cxr__rview *v, const cxr__desc *in);
 int cxr__ring_pop(const cxr__rview *v, cxr__desc *out);
 /* The same when this thread is the ring's only consumer: no locked instruction. */
 int cxr__ring_pop_single(const cxr__rview *v, cxr__desc *out);
+/* pop_single in two steps: take copies the head descriptor out and moves the head on (0 or
+ * CXR_EAGAIN, *pos = its position); the slot stays taken until cxr__ring_release(pos). The
+ * server answers first and hands the slot back afterwards, so the store that returns the
+ * slot (its line is shared with the client) is not ahead of the answer in the store queue. */
+int cxr__ring_take_single(const cxr__rview *v, cxr__desc *out, uint64_t *pos);
+/* The same for any consumer (a CAS on the head claims the position). Release each taken
+ * position exactly once; positions are independent (any order). */
+int cxr__ring_take(const cxr__rview *v, cxr__desc *out, uint64_t *pos);
+void cxr__ring_release(const cxr__rview *v, uint64_t pos);
 bool cxr__ring_nonempty(const cxr__rview *v);
 /* Pushed or being pushed and not yet popped (seq_cst loads of tail and head): what a
  * sleeper checks after announcing itself, see cxr__bell_after_push. */
@@ -101,6 +122,14 @@ static inline void cxr__cpu_relax(void) {
 #endif
 }
 void cxr__process_barrier(void);
+/* Fetch a line for writing (prefetchw where the CPU has it; a hint, never a fault). */
+static inline void cxr__prefetch_w(const void *p) {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+  __asm__ __volatile__("prefetchw %0" ::"m"(*(const char *)p));
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
 
 /* Per-thread waiting policy (CXRPC_WAIT=adaptive|spin|block, default adaptive). Spinning
  * pays while the peer has a CPU. With "adaptive", a thread preempted during a spin window (more
@@ -163,6 +192,8 @@ typedef struct cxr__cslot {
   uint64_t conn_block;       /* address of the cxr__conn_block (same in every process) */
   char heap[CXR_NAME_MAX + 1];
   cxr__srv_ctr srv;
+  char pad_[64];             /* both sides write their counters on every call: 128 bytes
+                                apart, never in one adjacent pair of lines */
   cxr__cli_ctr cli;
 } __attribute__((aligned(64))) cxr__cslot;
 

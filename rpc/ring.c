@@ -40,6 +40,10 @@ int cxr__ring_push(const cxr__rview *v, const cxr__desc *in) {
         memcpy((char *)d + sizeof d->seq, (const char *)in + sizeof in->seq,
                offsetof(cxr__desc, data) - sizeof d->seq + extra);
         CXR__ST(&d->seq, pos + 1);
+        /* Own the next slot's line before the next push needs it: the consumer wrote it
+         * (seq) when it handed it back, so the write would otherwise wait for the line to
+         * come over on the next call's critical path. */
+        cxr__prefetch_w(&v->d[(pos + 1) & v->mask]);
         return 0;
       }
     } else if (dif < 0) {
@@ -51,7 +55,7 @@ int cxr__ring_push(const cxr__rview *v, const cxr__desc *in) {
   return CXR_EFULL;
 }
 
-int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
+int cxr__ring_take(const cxr__rview *v, cxr__desc *out, uint64_t *pos_out) {
   uint64_t pos = CXR__LDX(&v->r->head);
   for (int i = 0; i < RETRIES; i++) {
     cxr__desc *d = &v->d[pos & v->mask];
@@ -64,7 +68,7 @@ int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
         /* flags and len are re-read from our copy: bounded whatever the peer wrote. */
         if ((out->flags & CXR_CALL_INLINE) && out->len <= CXR__INLINE_MAX)
           memcpy(out->data, d->data, out->len);
-        CXR__ST(&d->seq, pos + (uint64_t)v->mask + 1);
+        *pos_out = pos;
         return 0;
       }
     } else if (dif < 0) {
@@ -76,7 +80,14 @@ int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
   return CXR_EAGAIN;
 }
 
-int cxr__ring_pop_single(const cxr__rview *v, cxr__desc *out) {
+int cxr__ring_pop(const cxr__rview *v, cxr__desc *out) {
+  uint64_t pos;
+  int rc = cxr__ring_take(v, out, &pos);
+  if (rc == 0) cxr__ring_release(v, pos);
+  return rc;
+}
+
+int cxr__ring_take_single(const cxr__rview *v, cxr__desc *out, uint64_t *pos_out) {
   uint64_t pos = CXR__LDX(&v->r->head);
   cxr__desc *d = &v->d[pos & v->mask];
   if (CXR__LD(&d->seq) != pos + 1) return CXR_EAGAIN;
@@ -84,8 +95,19 @@ int cxr__ring_pop_single(const cxr__rview *v, cxr__desc *out) {
   if ((out->flags & CXR_CALL_INLINE) && out->len <= CXR__INLINE_MAX)
     memcpy(out->data, d->data, out->len);
   CXR__ST(&v->r->head, pos + 1);
-  CXR__ST(&d->seq, pos + (uint64_t)v->mask + 1);
+  *pos_out = pos;
   return 0;
+}
+
+void cxr__ring_release(const cxr__rview *v, uint64_t pos) {
+  CXR__ST(&v->d[pos & v->mask].seq, pos + (uint64_t)v->mask + 1);
+}
+
+int cxr__ring_pop_single(const cxr__rview *v, cxr__desc *out) {
+  uint64_t pos;
+  int rc = cxr__ring_take_single(v, out, &pos);
+  if (rc == 0) cxr__ring_release(v, pos);
+  return rc;
 }
 
 bool cxr__ring_nonempty(const cxr__rview *v) {

@@ -21,6 +21,13 @@ void __tsan_release(void *addr);
 #define RELEASE_TO_PEER(p) ((void)(p))
 #endif
 
+/* Server counters: with one worker it is their only writer (calls from other racks are
+ * counted elsewhere), so a plain load and store does; several workers add atomically. */
+static inline void ctr_add(const cxr_channel *ch, uint64_t *p, uint64_t v) {
+  if (ch->o.workers == 1) CXR__STX(p, CXR__LDX(p) + v);
+  else CXR__ADD(p, v);
+}
+
 static void push_response(cxr_channel *ch, cxr__sconn *sc, cxr__desc *r) {
   /* The client keeps at most ring_slots calls in flight, so its response ring has room
    * unless it misbehaves or stops draining: then wait a bounded time and drop. */
@@ -40,7 +47,7 @@ drop:
   CXR_DEBUG("channel %s: connection %u: response ring full, dropping a response", ch->name,
             sc->index);
   cxr__sconn_free_result(sc, r->ptr);
-  CXR__ADD(&sc->slot->srv.errors, 1);
+  ctr_add(ch, &sc->slot->srv.errors, 1);
 }
 
 /* Validates one request (already copied out of the ring) and answers it. */
@@ -83,7 +90,7 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   }
   if (st == 0 && d->deadline != 0 && cxr__coarse_ns() > d->deadline) {
     st = CXR_ETIMEDOUT; /* the caller has given up: do not run it */
-    CXR__ADD(&ctr->expired, 1);
+    ctr_add(ch, &ctr->expired, 1);
   } else if (st == 0) {
     st = cxr__dispatch(&call, m->fn, m->user, &result);
     if (result != NULL && !cxr_heap_contains(sc->heap, result, 1)) {
@@ -94,7 +101,7 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
     }
     if (st > 0 || st < CXR_ERRNO_MIN) st = CXR_EIO;
   } else {
-    CXR__ADD(&ctr->malformed, 1);
+    ctr_add(ch, &ctr->malformed, 1);
   }
   size_t out_len = result != NULL ? cxr_heap_usable_size(sc->heap, result) : 0; /* before the
                                                           client may free it */
@@ -103,10 +110,10 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   r.ptr = (uint64_t)(uintptr_t)result;
   push_response(ch, sc, &r);
   /* Counters once the answer is on its way: off the round trip's critical path. */
-  CXR__ADD(&ctr->calls, 1);
-  if (call.arg_len) CXR__ADD(&ctr->bytes_in, call.arg_len);
-  if (st != 0) CXR__ADD(&ctr->errors, 1);
-  if (out_len) CXR__ADD(&ctr->bytes_out, out_len);
+  ctr_add(ch, &ctr->calls, 1);
+  if (call.arg_len) ctr_add(ch, &ctr->bytes_in, call.arg_len);
+  if (st != 0) ctr_add(ch, &ctr->errors, 1);
+  if (out_len) ctr_add(ch, &ctr->bytes_out, out_len);
 }
 
 /* One pass over the active connections. Returns how many calls it handled. */
@@ -126,10 +133,18 @@ static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
           __atomic_load_n(&sc->retiring, __ATOMIC_RELAXED) || !cxr__ring_nonempty(&sc->req))
         continue;
       cxr__desc d;
-      /* One worker: it is the request rings' only consumer. */
-      for (int i = 0; i < BATCH && (ch->o.workers == 1 ? cxr__ring_pop_single(&sc->req, &d)
-                                                        : cxr__ring_pop(&sc->req, &d)) == 0;
-           i++) {
+      if (ch->o.workers == 1) {
+        /* One worker: it is the request rings' only consumer (no locked instruction), and
+         * it hands a request's slot back only after answering (see cxr__ring_take_single). */
+        uint64_t pos;
+        for (int i = 0; i < BATCH && cxr__ring_take_single(&sc->req, &d, &pos) == 0; i++) {
+          handle(ch, sc, &d);
+          cxr__ring_release(&sc->req, pos);
+          n++;
+        }
+        continue;
+      }
+      for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
         handle(ch, sc, &d);
         n++;
       }
