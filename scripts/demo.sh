@@ -76,10 +76,22 @@ rm -rf "$docroot"
 # ---- rdma: a kv client in another rack (network namespace, own pod root) over UCX/TCP ----
 echo
 echo "== cross-rack: kv_load in another rack calls kv_server over UCX (TCP on a veth pair)"
-if [ "$(id -u)" -ne 0 ] || ! ip netns add "cxrdemo-$$-s" 2>/dev/null; then
-  echo "(skipped: network namespaces need root)"
+# Network namespaces need root and a real mount namespace (inside a bare chroot, "/" is
+# not a mount point and `ip netns add` fails): probe with two before relying on them.
+netns_ok() {
+  [ "$(id -u)" -eq 0 ] || return 1
+  local ok=0 n
+  for n in "cxrdemo-$$-p1" "cxrdemo-$$-p2"; do
+    ip netns add "$n" 2>/dev/null && ip netns exec "$n" true 2>/dev/null || ok=1
+  done
+  ip netns del "cxrdemo-$$-p1" 2>/dev/null; ip netns del "cxrdemo-$$-p2" 2>/dev/null
+  return $ok
+}
+if ! netns_ok; then
+  echo "(skipped: this machine cannot create network namespaces: needs root, outside a chroot)"
 else
   S="cxrdemo-$$-s" C="cxrdemo-$$-c"
+  ip netns add "$S"
   ip netns add "$C"
   trap 'kill "${xpid:-}" 2>/dev/null || true; ip netns del "$S" 2>/dev/null || true
         ip netns del "$C" 2>/dev/null || true; rm -rf "$work"' EXIT
