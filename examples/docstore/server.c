@@ -167,9 +167,9 @@ int main(int argc, char **argv) {
   fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);
-  printf("docstore: %s, stopping with %zu documents\n", sig == SIGINT ? "SIGINT" : "SIGTERM", st.n);
   cxr_channel_stop(ch);
-  cxr_channel_close(ch);
+  cxr_channel_close(ch); /* joins the workers: their writes to st are visible from here on */
+  printf("docstore: %s, stopping with %zu documents\n", sig == SIGINT ? "SIGINT" : "SIGTERM", st.n);
   for (size_t i = 0; i < st.n; i++) docstore_Document_free(st.heap, st.docs[i]);
   cxr_heap_close(st.heap);
   return 0;
