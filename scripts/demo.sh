@@ -38,7 +38,7 @@ kvlog="$work/kv_server.log"
 CXRPC_ROOT="$kvroot" "$(bin examples/kvstore/kv_server)" --workers 1 --unix "$kvroot/kv.sock" >"$kvlog" 2>&1 &
 kvpid=$!
 trap 'kill "$kvpid" 2>/dev/null; rm -rf "$work" "$kvroot"' EXIT
-for _ in $(seq 100); do grep -q ready "$kvlog" && break; sleep 0.1; done
+for _ in $(seq 100); do grep -qs ready "$kvlog" && break; sleep 0.1; done
 cat "$kvlog"
 kvload() { CXRPC_ROOT="$kvroot" "$(bin examples/kvstore/kv_load)" "$@"; }
 kvload --threads 1 --seconds 2 --workload b
@@ -66,7 +66,7 @@ docroot=$(mktemp -d /dev/shm/cxrpc-doc.XXXX)
 doclog="$work/docstore.log"
 CXRPC_ROOT="$docroot" "$(bin examples/docstore/server)" >"$doclog" 2>&1 &
 docpid=$!
-for _ in $(seq 100); do grep -q serving "$doclog" && break; sleep 0.1; done
+for _ in $(seq 100); do grep -qs serving "$doclog" && break; sleep 0.1; done
 CXRPC_ROOT="$docroot" "$(bin examples/docstore/client)" || echo "(docstore client failed)"
 kill -TERM "$docpid"
 wait "$docpid" || true
