@@ -58,10 +58,13 @@ bool cxrt_net_available(void) {
   if (geteuid() != 0) return false;
   char name[64];
   snprintf(name, sizeof name, "cxr-%d-probe", (int)getpid());
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "ip netns add %s >/dev/null 2>&1", name);
+  char cmd[256];
+  /* Adding is not enough: inside a bare chroot the namespace file is created but cannot be
+   * bind-mounted ("/" is not a mount point), and only entering it fails. */
+  snprintf(cmd, sizeof cmd, "ip netns add %s >/dev/null 2>&1 && ip -n %s link set lo up >/dev/null 2>&1",
+           name, name);
   bool ok = system(cmd) == 0;
-  if (ok) del_ns(name);
+  del_ns(name);  /* also when only the add succeeded */
   return ok;
 }
 

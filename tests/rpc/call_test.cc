@@ -435,6 +435,9 @@ TEST_F(Call, PermissionsDecideWhoConnects) {
   ASSERT_EQ(waitpid(pid, &st, 0), pid);
   ASSERT_TRUE(WIFEXITED(st));
   if (WEXITSTATUS(st) == 10) GTEST_SKIP() << "cannot change user here (user namespace)";
+  // exec fails when the test binary lives where "nobody" cannot reach it (a home folder
+  // of mode 0700 outside Bazel's sandbox): nothing to conclude about channels then.
+  if (WEXITSTATUS(st) == 11) GTEST_SKIP() << "the test binary is not reachable by user nobody";
   // rpc_peer connect exits with -rc: the channel's files are 0600, owned by root.
   EXPECT_EQ(WEXITSTATUS(st), -CXR_EACCES);
 }
