@@ -122,14 +122,6 @@ static inline void cxr__cpu_relax(void) {
 #endif
 }
 void cxr__process_barrier(void);
-/* Fetch a line for writing (prefetchw where the CPU has it; a hint, never a fault). */
-static inline void cxr__prefetch_w(const void *p) {
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
-  __asm__ __volatile__("prefetchw %0" ::"m"(*(const char *)p));
-#else
-  __builtin_prefetch(p, 1, 3);
-#endif
-}
 
 /* Per-thread waiting policy (CXRPC_WAIT=adaptive|spin|block, default adaptive). Spinning
  * pays while the peer has a CPU. With "adaptive", a thread preempted during a spin window (more
