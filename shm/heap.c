@@ -509,8 +509,10 @@ int cxr_heap_get_stats(const cxr_heap *h, cxr_heap_stats *out) {
   cxr__heap_usage(&h->g, &out->used, &out->cached);
   uint64_t a, f;
   cxr__tcache_counters((cxr_heap *)h, &a, &f);
-  out->allocs = hdr->retired_allocs + a;
-  out->frees = hdr->retired_frees + f;
+  /* Written under the heap lock by a closing holder; read here without it (stats never
+   * block), so both sides use relaxed atomics. */
+  out->allocs = __atomic_load_n(&hdr->retired_allocs, __ATOMIC_RELAXED) + a;
+  out->frees = __atomic_load_n(&hdr->retired_frees, __ATOMIC_RELAXED) + f;
   for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
     const cxr__slot *s = &hdr->slots[i];
     if (atomic_load(&s->state) != CXR_SLOT_LIVE) continue;

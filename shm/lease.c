@@ -68,8 +68,8 @@ void cxr__slots_release(const cxr__geo *g, const cxr__reclaim *r) {
   for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
     if (r->gen[i] == 0) continue;
     cxr__slot *s = &hdr->slots[i];
-    hdr->retired_allocs += atomic_load(&s->allocs);
-    hdr->retired_frees += atomic_load(&s->frees);
+    __atomic_fetch_add(&hdr->retired_allocs, atomic_load(&s->allocs), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&hdr->retired_frees, atomic_load(&s->frees), __ATOMIC_RELAXED);
     atomic_store(&s->allocs, 0);
     atomic_store(&s->frees, 0);
     atomic_store(&s->state, CXR_SLOT_FREE);
