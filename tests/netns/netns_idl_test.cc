@@ -21,7 +21,7 @@ const char *kPeer = "tests/netns/idl_peer";
 
 class NetnsIdl : public ::testing::Test {
  protected:
-  cxrt_net net;
+  cxrt_net net = {};  // zeroed: TearDown runs even when SetUp skipped
   std::string tmp;
   void SetUp() override {
     if (!cxrt_net_available()) GTEST_SKIP() << "needs root and no sandbox for network namespaces";

@@ -13,7 +13,7 @@ namespace {
 
 class NetnsRdma : public ::testing::Test {
  protected:
-  cxrt_net net;
+  cxrt_net net = {};  // zeroed: TearDown runs even when SetUp skipped
   void SetUp() override {
     if (!cxrt_net_available()) GTEST_SKIP() << "needs root and no sandbox for network namespaces";
     ASSERT_EQ(cxrt_net_up(&net, ::testing::UnitTest::GetInstance()->current_test_info()->name(), 2), 0);

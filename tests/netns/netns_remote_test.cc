@@ -23,7 +23,7 @@ const char *kPeer = "tests/netns/remote_peer";
 
 class NetnsRemote : public ::testing::Test {
  protected:
-  cxrt_net net;
+  cxrt_net net = {};  // zeroed: TearDown runs even when SetUp skipped
   std::string tmp;
   // node 0: server (pod 1); node 1: same pod (shares its root); nodes 2, 3: racks A, B.
   void SetUp() override {
