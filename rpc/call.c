@@ -206,12 +206,8 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
 static unsigned drain(cxr_conn *c) {
   cxr__desc d;
   unsigned n = 0;
-  uint64_t pos;
-  /* The slot goes back after delivery: the store that returns it (its line is shared with
-   * the server) would otherwise sit ahead of deliver's CAS in the store queue. */
-  while (n < c->ntab && cxr__ring_take(&c->resp, &d, &pos) == 0) {
+  while (n < c->ntab && cxr__ring_pop(&c->resp, &d) == 0) {
     deliver(c, &d);
-    cxr__ring_release(&c->resp, pos);
     n++;
   }
   return n;
@@ -299,12 +295,12 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
       (o->ranges == NULL && o->nranges != 0))
     return CXR_EINVAL;
   cxr__desc d;
-  memset(&d, 0, sizeof d);
-  d.method = method;
-  d.flags = o->flags;
+  cxr__desc_set(&d, 0, method, o->flags);
   if (o->flags & CXR_CALL_INLINE) {
     if (o->arg_len > CXR__INLINE_MAX || (args == NULL && o->arg_len != 0)) return CXR_EINVAL;
     if (o->arg_len) memcpy(d.data, args, o->arg_len);
+    if (o->arg_len % 8) /* the ring copies whole words: no stack bytes to the peer */
+      memset(d.data + o->arg_len, 0, 8 - o->arg_len % 8);
     d.len = o->arg_len;
   } else if (args != NULL) {
     size_t len = o->arg_len;

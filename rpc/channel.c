@@ -142,16 +142,16 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
     }
     sc->heap = h;
     sc->blk = b;
-    sc->req = (cxr__rview){&b->req, d, ring - 1};
-    sc->resp = (cxr__rview){&b->resp, d + ring, ring - 1};
+    sc->req = (cxr__rview){&b->req, d, ring - 1, 0};
+    sc->resp = (cxr__rview){&b->resp, d + ring, ring - 1, 0};
     cxr_heap_stats st;
     sc->baseline_used = cxr_heap_stats(h, &st) == 0 ? st.used : 0;
     snprintf(s->heap, sizeof s->heap, "%s", name);
     s->conn_block = (uint64_t)(uintptr_t)b;
     CXR__ADD(&ch->cb->created, 1);
   }
-  cxr__ring_init(&sc->blk->req, sc->req.d, ring);
-  cxr__ring_init(&sc->blk->resp, sc->resp.d, ring);
+  cxr__ring_init(&sc->req);
+  cxr__ring_init(&sc->resp);
   uint32_t gen = (cxr__owner_gen(CXR__LDX(&s->owner)) + 1) & 0xffffff;
   if (gen == 0) gen = 1;
   sc->gen = gen;

@@ -50,13 +50,16 @@ drop:
   ctr_add(ch, &sc->slot->srv.errors, 1);
 }
 
+/* This worker's idea of the time, for the "expired in the queue" check: read after each
+ * answer and while polling idle (at most one handler run or ~16 polls old, and never
+ * ahead), so no clock read sits between a request and its answer. */
+static __thread int64_t tl_now;
+
 /* Validates one request (already copied out of the ring) and answers it. */
 static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   cxr__srv_ctr *ctr = &sc->slot->srv;
   cxr__desc r;
-  memset(&r, 0, sizeof r);
-  r.call_id = d->call_id;
-  r.method = d->method;
+  cxr__desc_set(&r, d->call_id, d->method, 0);
   unsigned char inl[CXR__INLINE_MAX] __attribute__((aligned(16)));
   void *result = NULL;
   int st = 0;
@@ -88,7 +91,7 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   } else if (d->len != 0) {
     st = CXR_EBADPTR;
   }
-  if (st == 0 && d->deadline != 0 && cxr__coarse_ns() > d->deadline) {
+  if (st == 0 && d->deadline != 0 && tl_now > d->deadline) {
     st = CXR_ETIMEDOUT; /* the caller has given up: do not run it */
     ctr_add(ch, &ctr->expired, 1);
   } else if (st == 0) {
@@ -109,6 +112,7 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   r.status = st;
   r.ptr = (uint64_t)(uintptr_t)result;
   push_response(ch, sc, &r);
+  tl_now = cxr__coarse_ns();
   /* Counters once the answer is on its way: off the round trip's critical path. */
   ctr_add(ch, &ctr->calls, 1);
   if (call.arg_len) ctr_add(ch, &ctr->bytes_in, call.arg_len);
@@ -134,12 +138,9 @@ static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
         continue;
       cxr__desc d;
       if (ch->o.workers == 1) {
-        /* One worker: it is the request rings' only consumer (no locked instruction), and
-         * it hands a request's slot back only after answering (see cxr__ring_take_single). */
-        uint64_t pos;
-        for (int i = 0; i < BATCH && cxr__ring_take_single(&sc->req, &d, &pos) == 0; i++) {
+        /* One worker: it is the request rings' only consumer (no locked instruction). */
+        for (int i = 0; i < BATCH && cxr__ring_pop_single(&sc->req, &d) == 0; i++) {
           handle(ch, sc, &d);
-          cxr__ring_release(&sc->req, pos);
           n++;
         }
         continue;
@@ -181,6 +182,7 @@ void *cxr__worker_main(void *arg) {
   int64_t base_spin, yield_ns;
   cxr__wait_windows(&pol, cxr_now_ns(), &base_spin, &yield_ns);
   int64_t spin = base_spin, last = cxr_now_ns();
+  tl_now = last;
   unsigned empty = 0;
   bool checked = false;
   while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
@@ -199,6 +201,7 @@ void *cxr__worker_main(void *arg) {
       checked = false;
     }
     int64_t now = cxr_now_ns(), idle = now - last;
+    tl_now = now;
     if (idle < spin) {
       cxr__cpu_relax();
       continue;
@@ -218,7 +221,7 @@ void *cxr__worker_main(void *arg) {
     if (!any_request(ch, ws) && !__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
       cxr__futex_wait(&cb->doorbell, v, 1000000000);
     __atomic_fetch_sub(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
-    last = cxr_now_ns();
+    last = tl_now = cxr_now_ns();
     empty = 0;
     /* Windows for the next idle period: none while blocking after contention. Otherwise
      * adapt: woken soon after falling asleep means calls come at a pace the spin window

@@ -23,7 +23,8 @@ struct Ring {
     v.r = (cxr__ring *)mem;
     v.d = (cxr__desc *)((char *)mem + sizeof(cxr__ring));
     v.mask = slots - 1;
-    cxr__ring_init(v.r, v.d, slots);
+    v.head_seen = 0;
+    cxr__ring_init(&v);
   }
   ~Ring() { munmap(mem, size); }
 };
