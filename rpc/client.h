@@ -85,6 +85,21 @@ struct cxr_conn {
   struct cxr__seal_cli *seal; /* sealed calls (rpc/seal_glue.c), or NULL */
 };
 
+/* Ends a pending call locally (timeout, cancel, dead peer) while its response may still
+ * come: PENDING -> BUSY -> ORPHAN, so a deliverer racing with us either wins first or sees
+ * ORPHAN and drops the late answer. False if the call already had an outcome; on true the
+ * caller fires the future's callback (each transport has its own way). */
+static inline bool cxr__future_orphan(struct cxr_future *f, int err) {
+  uint32_t s = CXR__F_PENDING;
+  if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE))
+    return false;
+  f->err = err;
+  f->result = NULL;
+  __atomic_store_n(&f->state, CXR__F_ORPHAN, __ATOMIC_SEQ_CST);
+  return true;
+}
+
 /* call.c */
 uint64_t cxr__conn_uid(void);
 int cxr__conn_table_init(cxr_conn *c, uint32_t n);

@@ -79,13 +79,7 @@ static void fire(cxr_future *f) {
 }
 
 static bool expire(cxr_future *f, int err) {
-  uint32_t s = CXR__F_PENDING;
-  if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
-                                   __ATOMIC_ACQUIRE))
-    return false;
-  f->err = err;
-  f->result = NULL;
-  __atomic_store_n(&f->state, CXR__F_ORPHAN, __ATOMIC_SEQ_CST);
+  if (!cxr__future_orphan(f, err)) return false;
   fire(f);
   return true;
 }
