@@ -27,7 +27,10 @@ TEST(NetnsAlock, MutualExclusionAcrossThePodAndARemoteRack) {
   // Under TSan: UCX's software emulation of the NIC writes the words ALock shares between
   // CPU and NIC with plain 8-byte writes by design; see alock_tsan.supp.
   if (const char *ts = getenv("TSAN_OPTIONS")) {
-    std::string o = std::string("TSAN_OPTIONS=") + ts + ":suppressions=tests/netns/alock_tsan.supp";
+    // history_size=7 (the most): keep the progress thread's stacks restorable, so the
+    // libucp rule can match.
+    std::string o = std::string("TSAN_OPTIONS=") + ts +
+                    ":history_size=7:suppressions=tests/netns/alock_tsan.supp";
     pod_env.push_back(o);
     rack_env.push_back(o);
   }
