@@ -106,70 +106,83 @@ TEST(Errors, BadWindowOptions) {
 
 namespace {
 
-// Creates a heap, closes it and returns its file path.
-std::string make_heap(const std::string &name, size_t size = 1 << 20) {
-  cxr_heap *h = nullptr;
-  EXPECT_EQ(cxr_heap_create(&h, name.c_str(), size, nullptr), 0);
-  cxr_heap_close(h);
-  return g_root + "/" + name + ".heap";
-}
+// The damaged-file cases share one shape: make a heap and close it, forge its file, check
+// that open refuses with the code for that damage, remove the heap (also when a case stops
+// early).
+struct ClosedHeap {
+  std::string name, path;
+  explicit ClosedHeap(const char *tag, size_t size = 1 << 20) : name(uniq(tag)) {
+    cxr_heap *h = nullptr;
+    EXPECT_EQ(cxr_heap_create(&h, name.c_str(), size, nullptr), 0);
+    cxr_heap_close(h);
+    path = g_root + "/" + name + ".heap";
+  }
+  ~ClosedHeap() { EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0) << name; }
 
-void patch(const std::string &path, size_t off, const void *v, size_t n) {
-  int fd = open(path.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(pwrite(fd, v, n, (off_t)off), (ssize_t)n);
-  close(fd);
-}
+  // Writes n bytes at off into the heap file, as a forger would.
+  void patch(size_t off, const void *v, size_t n) {
+    int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pwrite(fd, v, n, (off_t)off), (ssize_t)n);
+    close(fd);
+  }
+
+  // Open refuses with `code` and hands back no handle. An AssertionResult, so a failure
+  // names the caller's line.
+  ::testing::AssertionResult open_fails_with(int code) {
+    cxr_heap *h = nullptr;
+    int rc = cxr_heap_open(&h, name.c_str());
+    if (rc == code && h == nullptr) return ::testing::AssertionSuccess();
+    if (rc == 0) cxr_heap_close(h);
+    return ::testing::AssertionFailure() << "cxr_heap_open(" << name << ") gave " << rc << " ("
+                                         << cxr_strerror(rc) << "), handle " << (void *)h
+                                         << "; expected " << code << " (" << cxr_strerror(code)
+                                         << ") and no handle";
+  }
+};
 
 }  // namespace
 
 TEST(Errors, TruncatedFile) {
-  std::string name = uniq("trunc");
-  std::string path = make_heap(name);
-  ASSERT_EQ(truncate(path.c_str(), 256 << 10), 0);
-  cxr_heap *h = nullptr;
-  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ETRUNCATED);
-  EXPECT_EQ(h, nullptr);
-  ASSERT_EQ(truncate(path.c_str(), 10), 0);
-  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ETRUNCATED);
-  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  ClosedHeap heap("trunc");
+  ASSERT_EQ(truncate(heap.path.c_str(), 256 << 10), 0);
+  EXPECT_TRUE(heap.open_fails_with(CXR_ETRUNCATED));
+  ASSERT_EQ(truncate(heap.path.c_str(), 10), 0);
+  EXPECT_TRUE(heap.open_fails_with(CXR_ETRUNCATED));
 }
 
 TEST(Errors, BadMagicAndVersion) {
-  std::string name = uniq("magic");
-  std::string path = make_heap(name);
-  cxr_heap *h = nullptr;
+  ClosedHeap heap("magic");
   uint32_t v = 99;
-  patch(path, offsetof(cxr__hdr, version), &v, sizeof v);
-  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_EVERSION);
+  heap.patch(offsetof(cxr__hdr, version), &v, sizeof v);
+  EXPECT_TRUE(heap.open_fails_with(CXR_EVERSION));
   uint64_t m = 0x1122334455667788ull;
-  patch(path, offsetof(cxr__hdr, magic), &m, sizeof m);
-  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_EBADMAGIC);
-  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+  heap.patch(offsetof(cxr__hdr, magic), &m, sizeof m);
+  EXPECT_TRUE(heap.open_fails_with(CXR_EBADMAGIC));
 }
 
 TEST(Errors, HeaderAddressOrSizeOutsideTheWindow) {
-  std::string name = uniq("range");
-  std::string path = make_heap(name);
-  cxr_heap *h = nullptr;
-  uint64_t addr = 0x1000;
-  patch(path, offsetof(cxr__hdr, addr), &addr, sizeof addr);
-  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ERANGE);
   uintptr_t wb;
   size_t ws;
-  ASSERT_EQ(cxr_window(&wb, &ws), 0);
-  addr = wb + ws - (512 << 10);  // starts inside, ends outside
-  patch(path, offsetof(cxr__hdr, addr), &addr, sizeof addr);
-  EXPECT_EQ(cxr_heap_open(&h, name.c_str()), CXR_ERANGE);
-  // The heap file itself is big enough for its size field; the size runs past the window.
-  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
-  std::string n2 = uniq("range2");
-  std::string p2 = make_heap(n2, 4 << 20);
-  addr = wb + ws - (2 << 20);
-  patch(p2, offsetof(cxr__hdr, addr), &addr, sizeof addr);
-  EXPECT_EQ(cxr_heap_open(&h, n2.c_str()), CXR_ERANGE);
-  EXPECT_EQ(cxr_heap_unlink(n2.c_str()), 0);
+  {
+    ClosedHeap heap("range");
+    uint64_t addr = 0x1000;
+    heap.patch(offsetof(cxr__hdr, addr), &addr, sizeof addr);
+    EXPECT_TRUE(heap.open_fails_with(CXR_ERANGE));
+    ASSERT_EQ(cxr_window(&wb, &ws), 0);
+    addr = wb + ws - (512 << 10);  // starts inside, ends outside
+    heap.patch(offsetof(cxr__hdr, addr), &addr, sizeof addr);
+    EXPECT_TRUE(heap.open_fails_with(CXR_ERANGE));
+  }
+  {
+    // The heap file itself is big enough for its size field; the size runs past the window.
+    ClosedHeap big("range2", 4 << 20);
+    uint64_t addr = wb + ws - (2 << 20);
+    big.patch(offsetof(cxr__hdr, addr), &addr, sizeof addr);
+    EXPECT_TRUE(big.open_fails_with(CXR_ERANGE));
+  }
   // Heap options out of the pod's slice.
+  cxr_heap *h = nullptr;
   cxr_heap_opts o;
   cxr_heap_opts_init(&o);
   o.addr = wb + ws + (2 << 20);

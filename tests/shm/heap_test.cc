@@ -202,10 +202,7 @@ struct Node {
 TEST(Heap, TwoProcessesFollowEachOthersPointers) {
   std::string name = uniq("share");
   cxr_heap *h = nullptr;
-  cxr_heap_opts o;
-  cxr_heap_opts_init(&o);
-  o.remove_on_last_close = true;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, &o), 0);
+  ASSERT_EQ(create_self_removing(&h, name, 2 << 20), 0);
   Node *head = nullptr;
   uint64_t sum = 0;
   for (uint64_t i = 1; i <= 1000; i++) {
@@ -283,10 +280,7 @@ TEST(Heap, StrayHeapFilesAreRemoved) {
 TEST(Heap, ThreadsInOneProcess) {
   std::string name = uniq("threads");
   cxr_heap *h = nullptr;
-  cxr_heap_opts o;
-  cxr_heap_opts_init(&o);
-  o.remove_on_last_close = true;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 8 << 20, &o), 0);
+  ASSERT_EQ(create_self_removing(&h, name, 8 << 20), 0);
   cxr_heap_stats st0;
   cxr_heap_stats(h, &st0);
   struct Shared {

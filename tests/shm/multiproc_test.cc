@@ -131,15 +131,28 @@ void *work(void *arg) {
   return nullptr;
 }
 
+// Three cases end a child holding h with SIGKILL and check the same thing: it died of the
+// signal, one reap took its lease back. st gets the heap's statistics after the reap. Every
+// step runs even when an earlier one fails; the result names each that failed.
+::testing::AssertionResult killed_and_reaped(cxr_heap *h, pid_t pid, cxr_heap_stats *st) {
+  std::string why;
+  int status = wait_child(pid);
+  if (status != 128 + SIGKILL) why += " child ended with " + std::to_string(status) + ", not SIGKILL;";
+  int reaped = cxr_heap_reap(h);
+  if (reaped != 1) why += " reap took " + std::to_string(reaped) + " leases, not 1;";
+  memset(st, 0, sizeof *st);
+  int rc = cxr_heap_stats(h, st);
+  if (rc != 0) why += std::string(" stats: ") + cxr_strerror(rc) + ";";
+  if (why.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << why;
+}
+
 }  // namespace
 
 TEST(MultiProc, FourProcessesTwoThreadsRandomOpsNoCorruption) {
   std::string name = uniq("stress");
   cxr_heap *h = nullptr;
-  cxr_heap_opts o;
-  cxr_heap_opts_init(&o);
-  o.remove_on_last_close = true;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 32 << 20, &o), 0);
+  ASSERT_EQ(create_self_removing(&h, name, 32 << 20), 0);
   Shared *sh = (Shared *)cxr_heap_alloc(h, sizeof(Shared));
   ASSERT_NE(sh, nullptr);
   memset((void *)sh, 0, sizeof *sh);
@@ -200,10 +213,7 @@ TEST(MultiProc, FourProcessesTwoThreadsRandomOpsNoCorruption) {
 TEST(MultiProc, SigkillInTheMiddleOfAllocatingLeavesHeapConsistent) {
   std::string name = uniq("kill");
   cxr_heap *h = nullptr;
-  cxr_heap_opts o;
-  cxr_heap_opts_init(&o);
-  o.remove_on_last_close = true;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 16 << 20, &o), 0);
+  ASSERT_EQ(create_self_removing(&h, name, 16 << 20), 0);
   cxr_heap_stats st0;
   ASSERT_EQ(cxr_heap_stats(h, &st0), 0);
   uint64_t seed = 12345;
@@ -249,11 +259,9 @@ TEST(MultiProc, SigkillInTheMiddleOfAllocatingLeavesHeapConsistent) {
     close(fds[0]);
     usleep(1000 + xs(&seed) % 20000);
     kill(pid, SIGKILL);
-    EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
     // The lease is over: reaping gives everything back.
-    EXPECT_EQ(cxr_heap_reap(h), 1) << "round " << round;
     cxr_heap_stats st;
-    ASSERT_EQ(cxr_heap_stats(h, &st), 0);
+    EXPECT_TRUE(killed_and_reaped(h, pid, &st)) << "round " << round;
     EXPECT_EQ(st.used, st0.used) << "round " << round;
     EXPECT_EQ(st.cached, 0u) << "round " << round;
     EXPECT_EQ(st.holders, 1u);
@@ -284,11 +292,7 @@ TEST(MultiProc, SigkillInTheMiddleOfAllocatingLeavesHeapConsistent) {
 TEST(MultiProc, KeepOrphansKeepsWhatTheDeadOwned) {
   std::string name = uniq("orphans");
   cxr_heap *h = nullptr;
-  cxr_heap_opts o;
-  cxr_heap_opts_init(&o);
-  o.keep_orphans = true;
-  o.remove_on_last_close = true;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 4 << 20, &o), 0);
+  ASSERT_EQ(create_self_removing(&h, name, 4 << 20, /*keep_orphans=*/true), 0);
   pid_t pid = spawn([&]() -> int {
     cxr_heap *c = nullptr;
     if (cxr_heap_open(&c, name.c_str()) != 0) return 10;
@@ -300,10 +304,8 @@ TEST(MultiProc, KeepOrphansKeepsWhatTheDeadOwned) {
     kill(getpid(), SIGKILL);
     return 0;
   });
-  EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
-  EXPECT_EQ(cxr_heap_reap(h), 1);
   cxr_heap_stats st;
-  cxr_heap_stats(h, &st);
+  EXPECT_TRUE(killed_and_reaped(h, pid, &st));
   EXPECT_EQ(st.used, 112u);
   EXPECT_EQ(st.cached, 0u);
   char *p = (char *)cxr_heap_get_root(h);
@@ -320,10 +322,7 @@ TEST(MultiProc, NothingLeftAfterTheLastHolderExitsOrDies) {
   // Created by children; the parent never holds them.
   pid_t p1 = spawn([&]() -> int {
     cxr_heap *c;
-    cxr_heap_opts o;
-    cxr_heap_opts_init(&o);
-    o.remove_on_last_close = true;
-    if (cxr_heap_create(&c, a.c_str(), 1 << 20, &o) != 0) return 10;
+    if (create_self_removing(&c, a, 1 << 20) != 0) return 10;
     cxr_heap_alloc(c, 100);
     exit(0);  // no close: the lease goes at exit
   });
@@ -393,10 +392,7 @@ TEST(MultiProc, ConcurrentCreatorsGetDisjointRangesAndOneWinsAName) {
 TEST(MultiProc, InheritedHandleTakesItsOwnLease) {
   std::string name = uniq("inherit");
   cxr_heap *h = nullptr;
-  cxr_heap_opts o;
-  cxr_heap_opts_init(&o);
-  o.remove_on_last_close = true;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, &o), 0);
+  ASSERT_EQ(create_self_removing(&h, name, 2 << 20), 0);
   void *mine = cxr_heap_alloc(h, 48);  // also fills this thread's cache
   ASSERT_NE(mine, nullptr);
   // The child must never get a block that sits in the parent's cache.
@@ -427,10 +423,8 @@ TEST(MultiProc, InheritedHandleTakesItsOwnLease) {
     kill(getpid(), SIGKILL);
     return 0;
   });
-  EXPECT_EQ(wait_child(pid), 128 + SIGKILL);
-  EXPECT_EQ(cxr_heap_reap(h), 1);
   cxr_heap_stats st;
-  cxr_heap_stats(h, &st);
+  EXPECT_TRUE(killed_and_reaped(h, pid, &st));
   EXPECT_EQ(st.holders, 1u);
   EXPECT_EQ(st.used, st0.used - 48);  // the child's blocks came back, and `mine` was freed
   // The parent's cache is untouched by the child's death.

@@ -30,6 +30,17 @@ inline std::string setup_root(const char *tag) {
   return root;
 }
 
+// Most cases want a heap that goes away with its last holder, so that they can end by
+// checking that nothing is left under the root. 0 or the CXR_E* code of cxr_heap_create.
+inline int create_self_removing(cxr_heap **h, const std::string &name, size_t size,
+                                bool keep_orphans = false) {
+  cxr_heap_opts o;
+  cxr_heap_opts_init(&o);
+  o.remove_on_last_close = true;
+  o.keep_orphans = keep_orphans;
+  return cxr_heap_create(h, name.c_str(), size, &o);
+}
+
 inline std::string uniq(const char *base) {
   static int n;
   return std::string(base) + "-" + std::to_string(getpid()) + "-" + std::to_string(++n);
