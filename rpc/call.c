@@ -134,6 +134,12 @@ static void fire(cxr_future *f) {
 /* Ends a pending call locally (timeout, cancel, dead peer): its response may still come. */
 static bool expire(cxr_future *f, int err) {
   if (!cxr__future_orphan(f, err)) return false;
+  /* Tell the server we gave up (not for a dead peer or a closed channel): a request still
+   * queued is not run, and a running handler may stop (cxr_call_cancelled). The entry is not
+   * reused before its late answer comes, so the id written is still this call's. */
+  cxr_conn *c = f->c;
+  if ((err == CXR_ECANCELED || err == CXR_ETIMEDOUT) && c->cancel != NULL)
+    CXR__ST(&c->cancel[f->index], (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index);
   fire(f);
   return true;
 }

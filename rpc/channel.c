@@ -144,6 +144,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
     sc->blk = b;
     sc->req = (cxr__rview){&b->req, d, ring - 1, 0};
     sc->resp = (cxr__rview){&b->resp, d + ring, ring - 1, 0};
+    sc->cancel = cxr__conn_cancels(b, ring);
     cxr_heap_stats st;
     sc->baseline_used = cxr_heap_stats(h, &st) == 0 ? st.used : 0;
     snprintf(s->heap, sizeof s->heap, "%s", name);
@@ -152,6 +153,8 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
   }
   cxr__ring_init(&sc->req);
   cxr__ring_init(&sc->resp);
+  /* A new tenant's call ids start again: no cancel word of the last one may match them. */
+  memset(sc->cancel, 0, ring * sizeof *sc->cancel);
   uint32_t gen = (cxr__owner_gen(CXR__LDX(&s->owner)) + 1) & 0xffffff;
   if (gen == 0) gen = 1;
   sc->gen = gen;

@@ -58,6 +58,7 @@ struct cxr_conn {
   cxr_heap *heap;
   cxr__conn_block *blk;
   cxr__rview req, resp;
+  uint64_t *cancel;          /* cancel words the server reads (cxr__conn_cancels) */
   cxr__cslot *slot;
   unsigned index;
   uint32_t gen;

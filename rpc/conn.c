@@ -279,6 +279,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   cxr__desc *d = (cxr__desc *)(b + 1);
   c->req = (cxr__rview){&b->req, d, ring - 1, 0};
   c->resp = (cxr__rview){&b->resp, d + ring, ring - 1, 0};
+  c->cancel = cxr__conn_cancels(b, ring);
   c->server = (cxr__proc_id){.pid = cb->server_pid, .start_time = cb->server_start,
                              .host = cb->server_host};
   if ((rc = cxr__conn_table_init(c, ring)) != 0) goto fail;

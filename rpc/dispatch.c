@@ -19,6 +19,12 @@ cxr_heap *cxr_call_heap(cxr_call *call) {
 
 size_t cxr_call_arg_len(cxr_call *call) { return call ? call->arg_len : 0; }
 
+bool cxr_call_cancelled(cxr_call *call) {
+  if (call == NULL) return false;
+  if (call->cancel != NULL && CXR__LD(call->cancel) == call->call_id) return true;
+  return call->deadline != 0 && cxr_now_ns() > call->deadline;
+}
+
 cxr_range cxr_call_arg_range(cxr_call *call) {
   cxr_range r = {NULL, 0};
   if (call != NULL && call->remote) return cxr__remote_arg_range(call);

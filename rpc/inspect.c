@@ -128,6 +128,7 @@ int cxr_channel_inspect(const char *name, cxr_channel_info *info, cxr_conn_info 
       ci->bytes_out = CXR__LDX(&s->srv.bytes_out);
       ci->malformed = CXR__LDX(&s->srv.malformed);
       ci->expired = CXR__LDX(&s->srv.expired);
+      ci->cancelled = CXR__LDX(&s->srv.cancelled);
       /* Sent by the client and not answered yet (queued or running): no counter on the
        * call path is needed for it. */
       ci->inflight = ci->calls < CXR__LDX(&s->cli.calls) ? CXR__LDX(&s->cli.calls) - ci->calls : 0;

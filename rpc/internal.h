@@ -35,7 +35,7 @@ extern "C" {
 
 #define CXR__CHAN_MAGIC 0x314e414843525843ull /* "CXRCHAN1" */
 #define CXR__CONN_MAGIC 0x314e4e4f43525843ull /* "CXRCONN1" */
-#define CXR__VERSION 3u      /* 3: ring slots written by producers only */
+#define CXR__VERSION 3u      /* 3: ring slots written by producers only; cancel words */
 #define CXR__INLINE_MAX 72u     /* bytes of arguments a descriptor carries inline */
 #define CXR__MAX_CONNS 1024u
 #define CXR__CHAN_NAME_MAX 32u  /* heap names add prefix, pid, slot and generation */
@@ -177,6 +177,7 @@ static inline uint32_t cxr__owner_gen(uint64_t o) { return (uint32_t)o & 0xfffff
 /* Counters written by the server side of a connection. */
 typedef struct cxr__srv_ctr {
   uint64_t calls, errors, bytes_in, bytes_out, malformed, expired;
+  uint64_t cancelled;        /* requests the client cancelled before they ran: not run */
 } __attribute__((aligned(64))) cxr__srv_ctr;
 
 /* Counters written by the client side of a connection. */
@@ -246,7 +247,16 @@ static inline size_t cxr__chan_block_size(unsigned max_conns) {
   return sizeof(cxr__chan_block) + (size_t)max_conns * sizeof(cxr__cslot);
 }
 static inline size_t cxr__conn_block_size(unsigned ring_slots) {
-  return sizeof(cxr__conn_block) + 2 * (size_t)ring_slots * sizeof(cxr__desc);
+  return sizeof(cxr__conn_block) + 2 * (size_t)ring_slots * sizeof(cxr__desc) +
+         (size_t)ring_slots * sizeof(uint64_t);
+}
+/* The cancel words follow the two descriptor arrays. Word i holds the call id of the last
+ * call with pending-table index i that the client cancelled or gave up on: the server does
+ * not run such a request, and a running handler can ask (cxr_call_cancelled). Written by
+ * the client only when it gives up on a call, so the call path only reads a line that stays
+ * in the server's cache. */
+static inline uint64_t *cxr__conn_cancels(cxr__conn_block *b, unsigned ring_slots) {
+  return (uint64_t *)((cxr__desc *)(b + 1) + 2 * (size_t)ring_slots);
 }
 
 /* ---- seams for other layers ---- */
@@ -272,6 +282,7 @@ struct cxr_call {
   int64_t deadline;
   const void *args;
   size_t arg_len;
+  const uint64_t *cancel;     /* this call's cancel word (pod calls), or NULL */
   struct cxr__rcall *remote;  /* set for calls from another rack (rpc/remote.c) */
 };
 

@@ -138,6 +138,11 @@ cxr_heap *cxr_call_heap(cxr_call *call);  /* where the handler builds results */
 /* Bytes at args as sent: the inline copy's length, else the caller's arg_len (0 when the
  * caller gave none: then only the heap bounds, cxr_call_arg_range, limit it). */
 size_t cxr_call_arg_len(cxr_call *call);
+/* True once the caller has given up on this call: it cancelled it (cxr_future_cancel, or
+ * freed its future), or the call's deadline passed. The answer will be discarded, so a
+ * long handler may stop early (returning CXR_ECANCELED, say). Across racks only the
+ * deadline is known. A load, and a clock read while the call is not cancelled. */
+bool cxr_call_cancelled(cxr_call *call);
 /* The memory an argument graph may point into (the connection heap): for validators. */
 cxr_range cxr_call_arg_range(cxr_call *call);
 /* Remote calls: the byte ranges of the result graph to ship back; default is the usable
@@ -174,6 +179,7 @@ typedef struct cxr_conn_info {
   char heap[CXR_NAME_MAX + 1];
   /* server side */
   uint64_t calls, errors, bytes_in, bytes_out, malformed, expired;
+  uint64_t cancelled;              /* cancelled by the client while queued: not run */
   uint64_t inflight;               /* sent by the client, not answered yet */
   /* client side */
   uint64_t client_calls, client_errors, timeouts, cancels, peer_dead, late, stray;

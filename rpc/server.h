@@ -14,6 +14,7 @@ typedef struct cxr__sconn {
   cxr_heap *heap;            /* NULL while the slot has no heap */
   cxr__conn_block *blk;
   cxr__rview req, resp;
+  uint64_t *cancel;          /* the client's cancel words (cxr__conn_cancels) */
   cxr__cslot *slot;          /* in the control block */
   unsigned index;
   uint32_t gen;              /* generation of the current tenancy */

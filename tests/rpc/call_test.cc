@@ -308,6 +308,51 @@ TEST_F(Call, CancelEndsTheCall) {
   EXPECT_EQ(info().cancels, 1u);
 }
 
+TEST_F(Call, CancelReachesTheServer) {
+  // The channel has two workers. Two spinning calls occupy both; a third waits in the queue.
+  spin_seen = spin_counts{};
+  auto spin = [&](int64_t ms) {
+    sleep_args a = {ms};
+    cxr_call_opts o;
+    cxr_call_opts_init(&o);
+    o.deadline_ns = 30000000000;
+    o.flags = CXR_CALL_INLINE;
+    o.arg_len = sizeof a;
+    cxr_future *f = nullptr;
+    EXPECT_EQ(cxr_conn_call_async(c, M_SPIN, &a, &f, &o), 0);
+    return f;
+  };
+  auto started = [] { return __atomic_load_n(&spin_seen.started, __ATOMIC_SEQ_CST); };
+  auto stopped = [] { return __atomic_load_n(&spin_seen.stopped, __ATOMIC_SEQ_CST); };
+  cxr_future *run1 = spin(10000), *run2 = spin(10000);
+  ASSERT_TRUE(eventually([&] { return started() == 2; }, 10000));
+  cxr_future *queued = spin(10000);
+  // Cancelled while queued: the server does not run it.
+  EXPECT_EQ(cxr_future_cancel(queued), 0);
+  // Cancelled while running: the handler sees it (cxr_call_cancelled) and stops early.
+  EXPECT_EQ(cxr_future_cancel(run1), 0);
+  EXPECT_EQ(cxr_future_cancel(run2), 0);
+  EXPECT_TRUE(eventually([&] { return stopped() == 2; }, 8000));
+  EXPECT_TRUE(eventually([&] { return info().cancelled == 1; }, 10000));
+  EXPECT_EQ(started(), 2u) << "a request cancelled in the queue ran";
+  EXPECT_EQ(info().cancels, 3u);
+  for (cxr_future *f : {run1, run2, queued}) cxr_future_free(f);
+  // A call that expires client-side reaches the handler the same way (its deadline).
+  spin_seen = spin_counts{};
+  sleep_args a = {10000};
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.deadline_ns = 50000000;
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = sizeof a;
+  EXPECT_EQ(cxr_conn_call(c, M_SPIN, &a, nullptr, &o), CXR_ETIMEDOUT);
+  EXPECT_TRUE(eventually([&] { return stopped() == 1; }, 8000));
+  // Calls after all this still work.
+  int rc;
+  EXPECT_EQ(add(2, 3, &rc), 5);
+  EXPECT_EQ(rc, 0);
+}
+
 TEST_F(Call, MalformedDescriptorsGetErrorReplies) {
   uint32_t n = cxr__conn_table_size(c);
   struct Case {

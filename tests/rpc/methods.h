@@ -30,7 +30,7 @@ static inline void *alloc_result(cxr_call *c, size_t n) {
   return p;
 }
 
-enum { M_NOOP = 1, M_ADD = 2, M_SLEEP = 3, M_FAIL = 4, M_ECHO = 5, M_PID = 6 };
+enum { M_NOOP = 1, M_ADD = 2, M_SLEEP = 3, M_FAIL = 4, M_ECHO = 5, M_PID = 6, M_SPIN = 7 };
 
 typedef struct add_args { int64_t a, b; } add_args;
 typedef struct sleep_args { int64_t ms; } sleep_args;
@@ -86,6 +86,31 @@ static inline int m_pid(cxr_call *c, const void *a, void **r, void *u) {
   return 0;
 }
 
+/* M_SPIN (sleep_args): works in 1 ms steps until the caller gives up (cxr_call_cancelled)
+ * or `ms` pass. Counts the runs that started and those that stopped because the caller gave
+ * up (per process: the in-process tests read them). */
+typedef struct spin_counts {
+  unsigned started, stopped;  /* atomic */
+} spin_counts;
+static spin_counts spin_seen;
+static inline int m_spin(cxr_call *c, const void *a, void **r, void *u) {
+  (void)r;
+  spin_counts *k = (spin_counts *)u;
+  if (a == NULL) return CXR_EINVAL;
+  int64_t ms = ((const sleep_args *)a)->ms;
+  if (ms < 0 || ms > 60000) return CXR_EINVAL;
+  __atomic_fetch_add(&k->started, 1, __ATOMIC_SEQ_CST);
+  for (int64_t i = 0; i < ms; i++) {
+    if (cxr_call_cancelled(c)) {
+      __atomic_fetch_add(&k->stopped, 1, __ATOMIC_SEQ_CST);
+      return CXR_ECANCELED;
+    }
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return 0;
+}
+
 static inline int register_methods(cxr_channel *ch) {
   int rc = 0;
   rc |= cxr_channel_on(ch, M_NOOP, m_noop, NULL);
@@ -94,6 +119,7 @@ static inline int register_methods(cxr_channel *ch) {
   rc |= cxr_channel_on(ch, M_FAIL, m_fail, NULL);
   rc |= cxr_channel_on(ch, M_ECHO, m_echo, NULL);
   rc |= cxr_channel_on(ch, M_PID, m_pid, NULL);
+  rc |= cxr_channel_on(ch, M_SPIN, m_spin, &spin_seen);
   return rc;
 }
 
