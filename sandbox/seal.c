@@ -312,16 +312,27 @@ static int rec_state(const cxr_seal_table *t, uint32_t s, uint32_t g) {
   return (int)(st & 0xff);
 }
 
-int cxr_seal_table_release(cxr_seal_table *t, cxr_seal_id id) {
+/* Release and cancel begin alike: a sender's table, locked, and a live seal of ours with the
+ * state the receiver gave it. On 0 the caller holds mu and unlocks it; on an error mu is not
+ * held. */
+static int lock_live_seal(cxr_seal_table *t, cxr_seal_id id, uint32_t *slot, int *state) {
   if (!t || !t->sender) return CXR_EINVAL;
   pthread_mutex_lock(&t->mu);
-  int rc = 0;
   int64_t s = live_slot(t, id);
   if (s < 0) {
-    rc = CXR_EINVAL;
-    goto out;
+    pthread_mutex_unlock(&t->mu);
+    return CXR_EINVAL;
   }
-  int st = rec_state(t, (uint32_t)s, ID_GEN(id));
+  *slot = (uint32_t)s;
+  *state = rec_state(t, *slot, ID_GEN(id));
+  return 0;
+}
+
+int cxr_seal_table_release(cxr_seal_table *t, cxr_seal_id id) {
+  uint32_t s;
+  int st;
+  int rc = lock_live_seal(t, id, &s, &st);
+  if (rc != 0) return rc;
   if (!t->peer_dead && st != CXR__SEAL_DONE) {
     rc = (st == CXR__SEAL_ACTIVE || st == CXR__SEAL_CLAIM) ? CXR_EPERM : CXR_EAGAIN;
     goto out;
@@ -331,7 +342,7 @@ int cxr_seal_table_release(cxr_seal_table *t, cxr_seal_id id) {
   p->a = t->s_addr[s], p->n = t->s_len[s];
   if (p->a < t->plo) t->plo = p->a;
   if (p->a + p->n > t->phi) t->phi = p->a + p->n;
-  live_remove(t, (uint32_t)s);
+  live_remove(t, s);
   atomic_fetch_add_explicit(&t->n_releases, 1, memory_order_relaxed);
   rc = t->npend >= t->batch ? flush_locked(t) : 0;
 out:
@@ -348,15 +359,10 @@ int cxr_seal_table_flush(cxr_seal_table *t) {
 }
 
 int cxr_seal_table_cancel(cxr_seal_table *t, cxr_seal_id id) {
-  if (!t || !t->sender) return CXR_EINVAL;
-  pthread_mutex_lock(&t->mu);
-  int rc = 0;
-  int64_t s = live_slot(t, id);
-  if (s < 0) {
-    rc = CXR_EINVAL;
-    goto out;
-  }
-  int st = rec_state(t, (uint32_t)s, ID_GEN(id));
+  uint32_t s;
+  int st;
+  int rc = lock_live_seal(t, id, &s, &st);
+  if (rc != 0) return rc;
   if (!t->peer_dead && (st == CXR__SEAL_ACTIVE || st == CXR__SEAL_CLAIM)) {
     rc = CXR_EPERM;
     goto out;
@@ -366,7 +372,7 @@ int cxr_seal_table_cancel(cxr_seal_table *t, cxr_seal_id id) {
     rc = cxr__from_errno(errno);
     goto out;
   }
-  live_remove(t, (uint32_t)s);
+  live_remove(t, s);
 out:
   pthread_mutex_unlock(&t->mu);
   return rc;
