@@ -166,6 +166,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
   s->since_ns = 0;
   memset(&sc->client, 0, sizeof sc->client);
   __atomic_store_n(&sc->retiring, 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&sc->resp_stalled, 0, __ATOMIC_RELAXED);
   cxr__seal_slot_ready(ch, sc);
   __atomic_store_n(&sc->live, 1, __ATOMIC_SEQ_CST);
   CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_READY, gen));

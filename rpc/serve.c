@@ -30,17 +30,28 @@ static inline void ctr_add(const cxr_channel *ch, uint64_t *p, uint64_t v) {
 
 static void push_response(cxr_channel *ch, cxr__sconn *sc, cxr__desc *r) {
   /* The client keeps at most ring_slots calls in flight, so its response ring has room
-   * unless it misbehaves or stops draining: then wait a bounded time and drop. */
+   * unless it misbehaves or stops draining: then wait a bounded time and drop. After one
+   * such wait the connection counts as stalled and later answers that find the ring full are
+   * dropped at once, so a client that never reads its answers costs the workers one wait,
+   * not one per request (the other connections are served meanwhile). */
   int64_t give_up = 0;
   for (unsigned i = 0; cxr__ring_push(&sc->resp, r) != 0; i++) {
     if (__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) ||
-        __atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
+        __atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&sc->resp_stalled, __ATOMIC_RELAXED))
       goto drop;
     int64_t now = cxr_now_ns();
     if (give_up == 0) give_up = now + ch->o.peer_timeout_ns;
-    if (now > give_up) goto drop;
+    if (now > give_up) {
+      __atomic_store_n(&sc->resp_stalled, 1, __ATOMIC_RELAXED);
+      CXR_WARN("channel %s: connection %u: the client does not read its answers; dropping them",
+               ch->name, sc->index);
+      goto drop;
+    }
     if (i < 64) cxr__cpu_relax(); else sched_yield();
   }
+  if (__atomic_load_n(&sc->resp_stalled, __ATOMIC_RELAXED)) /* it reads again */
+    __atomic_store_n(&sc->resp_stalled, 0, __ATOMIC_RELAXED);
   cxr__bell_after_push(&sc->blk->resp.futex, &sc->blk->resp.sleepers);
   return;
 drop:

@@ -20,6 +20,7 @@ typedef struct cxr__sconn {
   uint32_t gen;              /* generation of the current tenancy */
   int live;                  /* atomic: workers may poll it */
   int retiring;              /* atomic: the manager is taking it back */
+  int resp_stalled;          /* atomic: its response ring stayed full for peer_timeout */
   uint64_t *snap;            /* workers' passes when its retirement began (manager only) */
   unsigned nsnap;
   cxr__proc_id client;       /* owner, read once after it claimed the slot */

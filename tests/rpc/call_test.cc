@@ -353,6 +353,38 @@ TEST_F(Call, CancelReachesTheServer) {
   EXPECT_EQ(rc, 0);
 }
 
+TEST_F(Call, AClientThatNeverReadsItsAnswersDoesNotStallTheOthers) {
+  // A second connection sends three rings' worth of requests and never reads an answer: its
+  // response ring fills. The server waits once (peer_timeout, 100 ms) for room, then drops
+  // that connection's answers at once; before, it waited 100 ms for every one, and the
+  // other connection's calls (3 s deadline here) timed out behind them.
+  cxr_conn *bad = nullptr;
+  ASSERT_EQ(cxr_connect(&bad, name.c_str(), nullptr), 0);
+  uint32_t n = cxr__conn_table_size(bad);
+  cxr__desc d;
+  memset(&d, 0, sizeof d);
+  d.method = M_NOOP;
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.deadline_ns = 3000000000;
+  int64_t t0 = cxr_now_ns();
+  unsigned pushed = 0, tried = 0, good = 0;
+  while (pushed < 3 * n && ms_since(t0) < 20000) {
+    d.call_id = (uint64_t)1 << 32 | (pushed % n);
+    if (cxr__conn_push_raw(bad, &d) == 0) pushed++;
+    if (pushed % 16 == 0) {
+      tried++;
+      good += cxr_conn_call(c, M_NOOP, nullptr, nullptr, &o) == 0;
+    }
+  }
+  EXPECT_EQ(pushed, 3 * n);
+  EXPECT_EQ(good, tried) << "calls on the good connection timed out behind the bad one";
+  for (int i = 0; i < 20; i++) EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, &o), 0);
+  cxr_conn_close(bad);
+  int rc;
+  EXPECT_EQ(add(20, 22, &rc), 42);
+}
+
 TEST_F(Call, MalformedDescriptorsGetErrorReplies) {
   uint32_t n = cxr__conn_table_size(c);
   struct Case {
