@@ -62,17 +62,7 @@ static cxr_future *entry_alloc(cxr_conn *c) {
     pthread_mutex_unlock(&c->lock);
   }
   if (f == NULL) return NULL;
-  uint32_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED) + 1;
-  if (gen == 0) gen = 1;
-  __atomic_store_n(&f->gen, gen, __ATOMIC_RELAXED);
-  f->err = 0;
-  f->result = NULL;
-  f->taken = false;
-  f->seal = 0;
-  f->cb = NULL;
-  f->cb_user = NULL;
-  f->qnext = NULL;
-  __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELAXED);
+  cxr__future_reset(f);
   __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
   return f;
 }

@@ -86,6 +86,23 @@ struct cxr_conn {
   struct cxr__seal_cli *seal; /* sealed calls (rpc/seal_glue.c), or NULL */
 };
 
+/* Readies a free table entry for a new call: the next generation (never 0: a call id with
+ * generation 0 is malformed), no outcome, no callback. The caller then sets the deadline and
+ * publishes CXR__F_PENDING. */
+static inline void cxr__future_reset(struct cxr_future *f) {
+  uint32_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED) + 1;
+  if (gen == 0) gen = 1;
+  __atomic_store_n(&f->gen, gen, __ATOMIC_RELAXED);
+  f->err = 0;
+  f->result = NULL;
+  f->taken = false;
+  f->seal = 0;
+  f->cb = NULL;
+  f->cb_user = NULL;
+  f->qnext = NULL;
+  __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELAXED);
+}
+
 /* Ends a pending call locally (timeout, cancel, dead peer) while its response may still
  * come: PENDING -> BUSY -> ORPHAN, so a deliverer racing with us either wins first or sees
  * ORPHAN and drops the late answer. False if the call already had an outcome; on true the

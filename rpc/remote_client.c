@@ -510,16 +510,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
   pthread_mutex_unlock(&c->lock);
   if (f == NULL) return own == NULL && c->nfree ? CXR_ENOMEM : CXR_EFULL;
 
-  uint32_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED) + 1;
-  if (gen == 0) gen = 1;
-  __atomic_store_n(&f->gen, gen, __ATOMIC_RELAXED);
-  f->err = 0;
-  f->result = NULL;
-  f->taken = false;
-  f->seal = 0;
-  f->cb = NULL;
-  f->cb_user = NULL;
-  __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELAXED);
+  cxr__future_reset(f);
   int64_t now = cxr_now_ns(), rel = o->deadline_ns ? o->deadline_ns : c->default_deadline;
   f->deadline = now + rel < now ? INT64_MAX : now + rel;
   __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
@@ -533,7 +524,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
   for (size_t i = 0; i < nr; i++)
     if (rg[i].len) iov[niov++] = (struct iovec){(void *)rg[i].p, rg[i].len};
   r_call h = {.magic = R_MAGIC, .method = method, .conn_id = rc->conn_id,
-              .call_id = (uint64_t)gen << 32 | f->index,
+              .call_id = (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index,
               .args = inl ? 0 : (uint64_t)(uintptr_t)args, .arg_len = inl ? inl : bytes,
               .deadline_rel = rel, .flags = o->flags & ~(unsigned)CXR_CALL_SEAL,
               .nranges = (uint32_t)nr, .nrel = nrel, .inline_len = (uint32_t)inl};

@@ -50,24 +50,25 @@ static int64_t env_ns(const char *name, int64_t dflt, int64_t max) {
   return v > max ? max : v;
 }
 
-int64_t cxr__spin_ns(void) {
-  static int64_t v = -1;
-  int64_t x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+/* A tunable read once (the first caller reads the environment; racing first callers read
+ * the same value). */
+static int64_t env_ns_once(int64_t *cache, const char *name, int64_t dflt, int64_t max) {
+  int64_t x = __atomic_load_n(cache, __ATOMIC_RELAXED);
   if (x < 0) {
-    x = env_ns("CXRPC_SPIN_NS", 50000, 100000000);
-    __atomic_store_n(&v, x, __ATOMIC_RELAXED);
+    x = env_ns(name, dflt, max);
+    __atomic_store_n(cache, x, __ATOMIC_RELAXED);
   }
   return x;
 }
 
+int64_t cxr__spin_ns(void) {
+  static int64_t v = -1;
+  return env_ns_once(&v, "CXRPC_SPIN_NS", 50000, 100000000);
+}
+
 int64_t cxr__yield_ns(void) {
   static int64_t v = -1;
-  int64_t x = __atomic_load_n(&v, __ATOMIC_RELAXED);
-  if (x < 0) {
-    x = env_ns("CXRPC_YIELD_NS", 200000, 100000000);
-    __atomic_store_n(&v, x, __ATOMIC_RELAXED);
-  }
-  return x;
+  return env_ns_once(&v, "CXRPC_YIELD_NS", 200000, 100000000);
 }
 
 int64_t cxr__coarse_ns(void) {
