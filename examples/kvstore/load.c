@@ -149,6 +149,46 @@ static int reqs_new(cxr_heap *h, reqs *q, uint32_t vsize) {
   return 0;
 }
 
+/* ---- the timed loop, the same for both transports ---- */
+/* One thread's share of the preload, the barrier, then gets and sets in the workload's mix
+ * until time is up, one latency sample per call. Each transport gives its own SET and GET
+ * of key k on ctx. Always inlined into each transport's thread, so those calls stay direct
+ * (the loop is what kv_load times). */
+typedef int (*kv_set_fn)(void *ctx, uint64_t k);
+typedef int (*kv_get_fn)(void *ctx, uint64_t k, bool *hit, bool *bad);
+
+static inline __attribute__((always_inline)) void drive(worker *w, void *ctx, kv_set_fn set,
+                                                        kv_get_fn get) {
+  const cfg *c = w->c;
+  if (c->preload) /* each thread loads its share of the keys */
+    for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
+      if (set(ctx, k) != 0) w->errors++;
+  preload_done(w);
+  uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
+  int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
+  int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
+  for (;;) {
+    int64_t t0 = cxr_now_ns();
+    if (t0 >= end) break;
+    uint64_t k = zipf_next(w->z, &rng);
+    int rc;
+    if ((int)(rng_next(&rng) % 100) < get_pct) {
+      bool hit = false, bad = false;
+      rc = get(ctx, k, &hit, &bad);
+      w->gets++;
+      w->hits += hit;
+      w->bad_values += bad;
+    } else {
+      rc = set(ctx, k);
+      w->sets++;
+    }
+    int64_t dt = cxr_now_ns() - t0;
+    if (rc != 0) w->errors++;
+    w->ops++;
+    if (w->nlat < w->cap) w->lat[w->nlat++] = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
+  }
+}
+
 /* ---- the Unix-socket baseline: same operations, bytes copied through the kernel ---- */
 static int io_full(int fd, void *buf, size_t n, bool wr) {
   for (size_t done = 0; done < n;) {
@@ -180,6 +220,22 @@ static int unix_op(int fd, uint32_t op, uint64_t k, char *value, uint32_t vlen, 
   return rs.status;
 }
 
+typedef struct unix_ctx {
+  int fd;
+  char *value; /* KV_VALUE_MAX bytes: sent on SET, received into on GET */
+  uint32_t value_size;
+} unix_ctx;
+
+static int unix_set(void *ctx, uint64_t k) {
+  unix_ctx *u = ctx;
+  return unix_op(u->fd, KV_SET, k, u->value, u->value_size, 0, NULL, NULL);
+}
+
+static int unix_get(void *ctx, uint64_t k, bool *hit, bool *bad) {
+  unix_ctx *u = ctx;
+  return unix_op(u->fd, KV_GET, k, u->value, 0, u->value_size, hit, bad);
+}
+
 static void *run_unix(worker *w) {
   const cfg *c = w->c;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -193,86 +249,49 @@ static void *run_unix(worker *w) {
     return NULL;
   }
   memset(value, 'v', c->value_size);
-  if (c->preload)
-    for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
-      if (unix_op(fd, KV_SET, k, value, c->value_size, 0, NULL, NULL) != 0) w->errors++;
-  preload_done(w);
-  uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
-  int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
-  int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
-  for (;;) {
-    int64_t t0 = cxr_now_ns();
-    if (t0 >= end) break;
-    uint64_t k = zipf_next(w->z, &rng);
-    int rc;
-    if ((int)(rng_next(&rng) % 100) < get_pct) {
-      bool hit = false, bad = false;
-      rc = unix_op(fd, KV_GET, k, value, 0, c->value_size, &hit, &bad);
-      w->gets++;
-      w->hits += hit;
-      w->bad_values += bad;
-    } else {
-      rc = unix_op(fd, KV_SET, k, value, c->value_size, 0, NULL, NULL);
-      w->sets++;
-    }
-    int64_t dt = cxr_now_ns() - t0;
-    if (rc != 0) w->errors++;
-    w->ops++;
-    if (w->nlat < w->cap) w->lat[w->nlat++] = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
-  }
+  unix_ctx u = {fd, value, c->value_size};
+  drive(w, &u, unix_set, unix_get);
   close(fd);
   free(value);
   return NULL;
 }
 
-static void *run_cxrpc(worker *w);
+/* ---- cxrpc: the generated stubs on one connection, requests reused ---- */
+typedef struct cxrpc_ctx {
+  cxr_conn *conn;
+  reqs q;
+  uint32_t value_size;
+} cxrpc_ctx;
+
+static int cxrpc_set(void *ctx, uint64_t k) {
+  cxrpc_ctx *x = ctx;
+  return do_set(x->conn, &x->q, x->value_size, k);
+}
+
+static int cxrpc_get(void *ctx, uint64_t k, bool *hit, bool *bad) {
+  cxrpc_ctx *x = ctx;
+  return do_get(x->conn, &x->q, k, x->value_size, hit, bad);
+}
+
+static void *run_cxrpc(worker *w) {
+  const cfg *c = w->c;
+  cxrpc_ctx x = {.value_size = c->value_size};
+  if ((w->setup_rc = cxr_connect(&x.conn, c->channel, NULL)) != 0) return NULL;
+  if ((w->setup_rc = reqs_new(cxr_conn_heap(x.conn), &x.q, c->value_size)) != 0) {
+    cxr_conn_close(x.conn);
+    return NULL;
+  }
+  drive(w, &x, cxrpc_set, cxrpc_get);
+  reqs_free(cxr_conn_heap(x.conn), &x.q);
+  cxr_conn_close(x.conn);
+  return NULL;
+}
 
 static void *run(void *arg) {
   worker *w = arg;
   if (w->c->unix_path != NULL) run_unix(w);
   else run_cxrpc(w);
   preload_done(w); /* a thread that failed to set up must not hold the others back */
-  return NULL;
-}
-
-static void *run_cxrpc(worker *w) {
-  const cfg *c = w->c;
-  cxr_conn *conn;
-  if ((w->setup_rc = cxr_connect(&conn, c->channel, NULL)) != 0) return NULL;
-  reqs q;
-  if ((w->setup_rc = reqs_new(cxr_conn_heap(conn), &q, c->value_size)) != 0) {
-    cxr_conn_close(conn);
-    return NULL;
-  }
-  if (c->preload) /* each thread loads its share of the keys */
-    for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
-      if (do_set(conn, &q, c->value_size, k) != 0) w->errors++;
-  preload_done(w);
-  uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
-  int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
-  int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
-  for (;;) {
-    int64_t t0 = cxr_now_ns();
-    if (t0 >= end) break;
-    uint64_t k = zipf_next(w->z, &rng);
-    int rc;
-    if ((int)(rng_next(&rng) % 100) < get_pct) {
-      bool hit, bad;
-      rc = do_get(conn, &q, k, c->value_size, &hit, &bad);
-      w->gets++;
-      w->hits += hit;
-      w->bad_values += bad;
-    } else {
-      rc = do_set(conn, &q, c->value_size, k);
-      w->sets++;
-    }
-    int64_t dt = cxr_now_ns() - t0;
-    if (rc != 0) w->errors++;
-    w->ops++;
-    if (w->nlat < w->cap) w->lat[w->nlat++] = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
-  }
-  reqs_free(cxr_conn_heap(conn), &q);
-  cxr_conn_close(conn);
   return NULL;
 }
 
