@@ -57,11 +57,7 @@ class Call : public ::testing::Test {
   cxr_future *sleep_async(int64_t ms, int64_t deadline_ns) {
     sleep_args *a = (sleep_args *)cxr_heap_alloc(h, sizeof *a);
     a->ms = ms;
-    cxr_call_opts o;
-    cxr_call_opts_init(&o);
-    o.deadline_ns = deadline_ns;
-    o.flags = CXR_CALL_INLINE;
-    o.arg_len = sizeof *a;
+    cxr_call_opts o = inline_opts(sizeof *a, deadline_ns);
     cxr_future *f = nullptr;
     EXPECT_EQ(cxr_conn_call_async(c, M_SLEEP, a, &f, &o), 0);
     cxr_heap_free(h, a);
@@ -106,10 +102,7 @@ TEST_F(Call, ArgumentsAreChecked) {
   int local = 0;
   void *res;
   EXPECT_EQ(cxr_conn_call(c, M_NOOP, &local, &res, nullptr), CXR_EBADPTR);
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.flags = CXR_CALL_INLINE;
-  o.arg_len = CXR__INLINE_MAX + 1;
+  cxr_call_opts o = inline_opts(CXR__INLINE_MAX + 1);
   char big[CXR__INLINE_MAX + 1] = {};
   EXPECT_EQ(cxr_conn_call(c, M_NOOP, big, &res, &o), CXR_EINVAL);
   o.flags = 1u << 7;
@@ -235,11 +228,7 @@ TEST_F(Call, DeadlineExpiresAndTheLateAnswerIsDiscarded) {
   ASSERT_EQ(cxr_heap_stats(h, &st0), 0);
   for (int i = 0; i < 5; i++) {
     sleep_args a = {50};
-    cxr_call_opts o;
-    cxr_call_opts_init(&o);
-    o.flags = CXR_CALL_INLINE;
-    o.arg_len = sizeof a;
-    o.deadline_ns = 5000000;
+    cxr_call_opts o = inline_opts(sizeof a, 5000000);
     void *res = (void *)1;
     int64_t t0 = cxr_now_ns();
     EXPECT_EQ(cxr_conn_call(c, M_SLEEP, &a, &res, &o), CXR_ETIMEDOUT);
@@ -262,10 +251,7 @@ TEST_F(Call, DeadlineExpiresAndTheLateAnswerIsDiscarded) {
   EXPECT_EQ(rc, 0);
   // An expired request still in the queue is not run by the server.
   sleep_args a = {30};
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.flags = CXR_CALL_INLINE;
-  o.arg_len = sizeof a;
+  cxr_call_opts o = inline_opts(sizeof a);
   cxr_future *f1, *f2, *f3;
   ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f1, &o), 0);
   ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f2, &o), 0);
@@ -313,11 +299,7 @@ TEST_F(Call, CancelReachesTheServer) {
   spin_seen = spin_counts{};
   auto spin = [&](int64_t ms) {
     sleep_args a = {ms};
-    cxr_call_opts o;
-    cxr_call_opts_init(&o);
-    o.deadline_ns = 30000000000;
-    o.flags = CXR_CALL_INLINE;
-    o.arg_len = sizeof a;
+    cxr_call_opts o = inline_opts(sizeof a, 30000000000);
     cxr_future *f = nullptr;
     EXPECT_EQ(cxr_conn_call_async(c, M_SPIN, &a, &f, &o), 0);
     return f;
@@ -340,11 +322,7 @@ TEST_F(Call, CancelReachesTheServer) {
   // A call that expires client-side reaches the handler the same way (its deadline).
   spin_seen = spin_counts{};
   sleep_args a = {10000};
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.deadline_ns = 50000000;
-  o.flags = CXR_CALL_INLINE;
-  o.arg_len = sizeof a;
+  cxr_call_opts o = inline_opts(sizeof a, 50000000);
   EXPECT_EQ(cxr_conn_call(c, M_SPIN, &a, nullptr, &o), CXR_ETIMEDOUT);
   EXPECT_TRUE(eventually([&] { return stopped() == 1; }, 8000));
   // Calls after all this still work.

@@ -42,10 +42,7 @@ TEST(Leak, ThousandConnectCyclesLeakNothing) {
     int rc = cxr_connect(&c, name.c_str(), nullptr);
     if (rc != 0) return rc;
     add_args a = {i, 1};
-    cxr_call_opts o;
-    cxr_call_opts_init(&o);
-    o.flags = CXR_CALL_INLINE;
-    o.arg_len = sizeof a;
+    cxr_call_opts o = inline_opts(sizeof a);
     void *r = nullptr;
     rc = cxr_conn_call(c, M_ADD, &a, &r, &o);
     if (rc == 0 && (r == nullptr || *(int64_t *)r != i + 1)) rc = CXR_EPROTO;

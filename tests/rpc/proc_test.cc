@@ -18,6 +18,17 @@ namespace {
 class Proc : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { setup_root("rpc-proc"); }
+  // A server process with `workers` workers on a fresh channel named after `tag`, and this
+  // process connected to it (most cases start so; each ends them itself).
+  void serve(const char *tag, int workers) {
+    name = uniq(tag);
+    srv = start_server(name, workers);
+    ASSERT_GT(srv.pid, 0);
+    ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  }
+  std::string name;
+  Peer srv;
+  cxr_conn *c = nullptr;
 };
 
 cxr_conn_info find_conn(const std::string &name, int pid) {
@@ -30,11 +41,7 @@ cxr_conn_info find_conn(const std::string &name, int pid) {
 }
 
 TEST_F(Proc, CallsAcrossProcessesReturnTheRightResults) {
-  std::string name = uniq("pc");
-  Peer srv = start_server(name, 2);
-  ASSERT_GT(srv.pid, 0);
-  cxr_conn *c;
-  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  ASSERT_NO_FATAL_FAILURE(serve("pc", 2));
   cxr_heap *h = cxr_conn_heap(c);
   void *res = nullptr;
   ASSERT_EQ(cxr_conn_call(c, M_PID, nullptr, &res, nullptr), 0);
@@ -66,10 +73,7 @@ TEST_F(Proc, CallsAcrossProcessesReturnTheRightResults) {
         cxr_future *f[32];
         for (int i = 0; i < 32; i++) {
           add_args a = {t * 100000 + round * 100, i};
-          cxr_call_opts o;
-          cxr_call_opts_init(&o);
-          o.flags = CXR_CALL_INLINE;
-          o.arg_len = sizeof a;
+          cxr_call_opts o = inline_opts(sizeof a);
           if (cxr_conn_call_async(c, M_ADD, &a, &f[i], &o) != 0) f[i] = nullptr;
         }
         for (int i = 0; i < 32; i++) {
@@ -89,20 +93,12 @@ TEST_F(Proc, CallsAcrossProcessesReturnTheRightResults) {
 }
 
 TEST_F(Proc, KilledServerEndsEveryPendingCallWithPeerDead) {
-  std::string name = uniq("ks");
-  Peer srv = start_server(name, 1);
-  ASSERT_GT(srv.pid, 0);
-  cxr_conn *c;
-  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  ASSERT_NO_FATAL_FAILURE(serve("ks", 1));
   // Async calls queued behind a long one, plus sync calls from several threads.
   std::vector<cxr_future *> fs;
   for (int i = 0; i < 10; i++) {
     sleep_args a = {3000};
-    cxr_call_opts o;
-    cxr_call_opts_init(&o);
-    o.flags = CXR_CALL_INLINE;
-    o.arg_len = sizeof a;
-    o.deadline_ns = 30000000000;
+    cxr_call_opts o = inline_opts(sizeof a, 30000000000);
     cxr_future *f;
     ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f, &o), 0);
     fs.push_back(f);
@@ -114,11 +110,7 @@ TEST_F(Proc, KilledServerEndsEveryPendingCallWithPeerDead) {
   for (int t = 0; t < 3; t++)
     ts.emplace_back([&] {
       sleep_args a = {3000};
-      cxr_call_opts o;
-      cxr_call_opts_init(&o);
-      o.flags = CXR_CALL_INLINE;
-      o.arg_len = sizeof a;
-      o.deadline_ns = 30000000000;
+      cxr_call_opts o = inline_opts(sizeof a, 30000000000);
       int rc = cxr_conn_call(c, M_SLEEP, &a, nullptr, &o);
       int64_t ms = (cxr_now_ns() - killed_at.load()) / 1000000;
       if (ms > worst_ms.load()) worst_ms = ms;
@@ -175,10 +167,7 @@ TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) {
   int64_t t0 = cxr_now_ns();
   while (ms_since(t0) < 10000) {
     add_args a = {ok, 1};
-    cxr_call_opts o;
-    cxr_call_opts_init(&o);
-    o.flags = CXR_CALL_INLINE;
-    o.arg_len = sizeof a;
+    cxr_call_opts o = inline_opts(sizeof a);
     void *r = nullptr;
     if (cxr_conn_call(c, M_ADD, &a, &r, &o) == 0 && r && *(int64_t *)r == ok + 1) ok++;
     else bad++;
@@ -212,11 +201,7 @@ TEST_F(Proc, ScribbledRingsHurtOnlyTheirConnection) {
   // descriptors with garbage. The server neither crashes nor hangs, keeps serving us, the
   // scribbler's own call ends (any code, by its deadline at the latest), and its slot comes
   // back when it closes.
-  std::string name = uniq("sc");
-  Peer srv = start_server(name, 2);
-  ASSERT_GT(srv.pid, 0);
-  cxr_conn *c;
-  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  ASSERT_NO_FATAL_FAILURE(serve("sc", 2));
   cxr_channel_info before;
   ASSERT_EQ(cxr_channel_inspect(name.c_str(), &before, nullptr, 0, nullptr), 0);
   Peer bad = spawn_peer({"scribble", name, "100"});
@@ -249,11 +234,7 @@ TEST_F(Proc, ScribbledRingsHurtOnlyTheirConnection) {
 }
 
 TEST_F(Proc, MalformedDescriptorsFromAnotherProcessGetErrorReplies) {
-  std::string name = uniq("mf");
-  Peer srv = start_server(name, 1);
-  ASSERT_GT(srv.pid, 0);
-  cxr_conn *c;
-  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  ASSERT_NO_FATAL_FAILURE(serve("mf", 1));
   cxr_heap *h = cxr_conn_heap(c);
   uint32_t n = cxr__conn_table_size(c);
   int local = 0;

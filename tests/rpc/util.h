@@ -33,6 +33,16 @@ inline std::string setup_root(const char *tag) {
   return root;
 }
 
+// Options for a call whose small argument travels inline in the descriptor.
+inline cxr_call_opts inline_opts(size_t len, int64_t deadline_ns = 0) {
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = len;
+  o.deadline_ns = deadline_ns;
+  return o;
+}
+
 inline std::string uniq(const char *base) {
   static int n;
   return std::string(base) + std::to_string(getpid() % 100000) + "-" + std::to_string(++n);
