@@ -319,11 +319,13 @@ TEST_F(Call, CancelReachesTheServer) {
   EXPECT_EQ(started(), 2u) << "a request cancelled in the queue ran";
   EXPECT_EQ(info().cancels, 3u);
   for (cxr_future *f : {run1, run2, queued}) cxr_future_free(f);
-  // A call that expires client-side reaches the handler the same way (its deadline).
+  // A call whose deadline passes: the handler sees that too and stops. The caller gets its
+  // own CXR_ETIMEDOUT, or the handler's CXR_ECANCELED when that answer wins the race.
   spin_seen = spin_counts{};
   sleep_args a = {10000};
   cxr_call_opts o = inline_opts(sizeof a, 50000000);
-  EXPECT_EQ(cxr_conn_call(c, M_SPIN, &a, nullptr, &o), CXR_ETIMEDOUT);
+  int end = cxr_conn_call(c, M_SPIN, &a, nullptr, &o);
+  EXPECT_TRUE(end == CXR_ETIMEDOUT || end == CXR_ECANCELED) << cxr_strerror(end);
   EXPECT_TRUE(eventually([&] { return stopped() == 1; }, 8000));
   // Calls after all this still work.
   int rc;
