@@ -1,7 +1,8 @@
 /* `cxrpcctl conns [CHANNEL] [--all]`: one line per connection of one channel (or of every
  * channel): client, liveness, age, and the counters both sides keep in shared memory:
- * calls, errors, timeouts, cancels, calls in flight, bytes each way, malformed requests,
- * late answers. --all also lists the ready pool. */
+ * calls, errors, timeouts, cancels, requests the server did not run (expired or cancelled
+ * while queued), calls in flight, bytes each way, malformed requests, late answers. --all
+ * also lists the ready pool. */
 #include "tools/conns.h"
 
 #include <stdlib.h>
@@ -33,9 +34,9 @@ static int show(const char *name, bool all, bool header, FILE *out) {
   }
   if (m > n + 4) m = n + 4;
   if (header)
-    fprintf(out, "%-20s %4s %-9s %7s %-5s %7s %8s %6s %6s %6s %6s %8s %8s %5s %5s\n", "CHANNEL",
-            "SLOT", "STATE", "CLIENT", "ALIVE", "AGE", "CALLS", "ERRORS", "TMOUT", "CANCEL",
-            "INFLT", "BYTESIN", "BYTESOUT", "BAD", "LATE");
+    fprintf(out, "%-20s %4s %-9s %7s %-5s %7s %8s %6s %6s %6s %6s %6s %8s %8s %5s %5s\n",
+            "CHANNEL", "SLOT", "STATE", "CLIENT", "ALIVE", "AGE", "CALLS", "ERRORS", "TMOUT",
+            "CANCEL", "NOTRUN", "INFLT", "BYTESIN", "BYTESOUT", "BAD", "LATE");
   for (size_t i = 0; i < m; i++) {
     const cxr_conn_info *c = &ci[i];
     if (!all && strcmp(c->state, "ready") == 0) continue;
@@ -44,11 +45,12 @@ static int show(const char *name, bool all, bool header, FILE *out) {
     human(bin, sizeof bin, c->bytes_in);
     human(bout, sizeof bout, c->bytes_out);
     snprintf(a, sizeof a, "%.1fs", c->age_ns / 1e9);
-    fprintf(out, "%-20s %4u %-9s %7d %-5s %7s %8s %6llu %6llu %6llu %6llu %8s %8s %5llu %5llu\n",
+    fprintf(out, "%-20s %4u %-9s %7d %-5s %7s %8s %6llu %6llu %6llu %6llu %6llu %8s %8s %5llu %5llu\n",
             name, c->slot, c->state, c->client_pid, c->client_pid ? (c->client_alive ? "yes" : "NO") : "-",
             strcmp(c->state, "connected") == 0 ? a : "-", calls,
             (unsigned long long)(c->errors + c->client_errors), (unsigned long long)c->timeouts,
-            (unsigned long long)c->cancels, (unsigned long long)c->inflight, bin, bout,
+            (unsigned long long)c->cancels, (unsigned long long)(c->expired + c->cancelled),
+            (unsigned long long)c->inflight, bin, bout,
             (unsigned long long)c->malformed, (unsigned long long)c->late);
   }
   free(ci);
