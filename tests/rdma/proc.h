@@ -83,6 +83,12 @@ struct Proc {
     return write(in, l.data(), l.size()) == (ssize_t)l.size();
   }
 
+  // The peers' request/answer step: sends cmd, returns the next line within timeout_ms.
+  std::string ask(const std::string &cmd, int timeout_ms) {
+    say(cmd);
+    return line(timeout_ms);
+  }
+
   void kill9() {
     if (pid > 0) kill(pid, SIGKILL);
   }

@@ -54,6 +54,15 @@ bool wait_for(std::atomic<int> &v, int n, int64_t ns) {
   return v.load() >= n;
 }
 
+// Where the one-sided and peer-death cases start: the peer process, an engine of our own
+// with default options, one endpoint to the peer. Its fatal failures stop only this function:
+// call it inside ASSERT_NO_FATAL_FAILURE.
+void open_and_connect(Peer &peer, cxr_rdma **r, cxr_rdma_ep **ep) {
+  ASSERT_TRUE(peer.start());
+  ASSERT_EQ(cxr_rdma_open(r, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_connect(*r, peer.addr().c_str(), 0, ep), 0);
+}
+
 TEST(Rdma, ConnectColdThenWarmAndEchoMessages) {
   Peer peer;
   ASSERT_TRUE(peer.start());
@@ -111,11 +120,9 @@ TEST(Rdma, ConnectColdThenWarmAndEchoMessages) {
 
 TEST(Rdma, OneSidedGetPutAndAtomicsOnExportedMemory) {
   Peer peer;
-  ASSERT_TRUE(peer.start());
   cxr_rdma *r;
-  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
   cxr_rdma_ep *ep;
-  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0);
+  ASSERT_NO_FATAL_FAILURE(open_and_connect(peer, &r, &ep));
   cxr_rdma_rkey *rk;
   uint64_t base;
   size_t len;
@@ -182,11 +189,9 @@ void on_dead(cxr_rdma_ep *, int err, void *user) { ((Dead *)user)->err.store(err
 
 TEST(Rdma, KilledPeerEndsTheEndpointWithPeerDead) {
   Peer peer;
-  ASSERT_TRUE(peer.start());
   cxr_rdma *r;
-  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
   cxr_rdma_ep *ep;
-  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0);
+  ASSERT_NO_FATAL_FAILURE(open_and_connect(peer, &r, &ep));
   Dead d;
   ASSERT_EQ(cxr_rdma_ep_on_error(ep, on_dead, &d), 0);
   peer.p.kill9();

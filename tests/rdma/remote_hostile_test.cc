@@ -221,10 +221,8 @@ TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
                       {"CXRPC_ROOT=" + root + "c", "CXRPC_POD=2"}));
   mkdir((root + "c").c_str(), 0700);
   ASSERT_EQ(c.line(15000), "READY");
-  c.say("connect 5000");
-  EXPECT_EQ(c.line(15000), "ok");
-  c.say("graph 50");
-  EXPECT_EQ(c.line(15000).rfind("ok", 0), 0u);
+  EXPECT_EQ(c.ask("connect 5000", 15000), "ok");
+  EXPECT_EQ(c.ask("graph 50", 15000).rfind("ok", 0), 0u);
   EXPECT_EQ(c.stop(), 0);
   EXPECT_EQ(server.stop(), 0);
 }
@@ -319,19 +317,15 @@ TEST(HostileServer, BrokenRepliesEndCallsWithErrors) {
   ASSERT_TRUE(c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
                       {"CXRPC_ROOT=" + root, "CXRPC_POD=2"}));
   ASSERT_EQ(c.line(15000), "READY");
-  c.say("connect 5000");
-  ASSERT_EQ(c.line(15000), "ok");
-  c.say("whoami");
-  EXPECT_EQ(c.line(15000), "ok 4242");
+  ASSERT_EQ(c.ask("connect 5000", 15000), "ok");
+  EXPECT_EQ(c.ask("whoami", 15000), "ok 4242");
   const char *want[] = {nullptr, "err -14", "err -21", "err -14", "err -21", "err -12"};
   for (int mode = 1; mode <= 5; mode++) {
     f.mode = mode;
-    c.say("noop 500");
-    EXPECT_EQ(c.line(15000), want[mode]) << "mode " << mode;
+    EXPECT_EQ(c.ask("noop 500", 15000), want[mode]) << "mode " << mode;
   }
   f.mode = 0;
-  c.say("whoami");
-  EXPECT_EQ(c.line(15000), "ok 4242");
+  EXPECT_EQ(c.ask("whoami", 15000), "ok 4242");
   EXPECT_EQ(c.stop(), 0);
   cxr_rdma_close(r);
 }
