@@ -4,26 +4,23 @@
 // writes the counter back: a lost update or a foreign owner means mutual exclusion broke.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 
 #include <string>
 #include <vector>
 
-#include "tests/netns/netns.h"
-#include "tests/rdma/proc.h"
+#include "tests/netns/fixture.h"
 
 namespace {
 
-TEST(NetnsAlock, MutualExclusionAcrossThePodAndARemoteRack) {
-  if (!cxrt_net_available()) GTEST_SKIP() << "needs root and no sandbox for network namespaces";
-  cxrt_net net;
-  ASSERT_EQ(cxrt_net_up(&net, "alock", 4), 0);
-  const char *t = getenv("TEST_TMPDIR");
-  std::string pod = std::string(t ? t : "/tmp") + "/alock-pod", rack = pod + "-rack";
-  mkdir(pod.c_str(), 0700);
-  mkdir(rack.c_str(), 0700);
-  std::vector<std::string> pod_env = {"CXRPC_ROOT=" + pod, "CXRPC_POD=1"};
-  std::vector<std::string> rack_env = {"CXRPC_ROOT=" + rack, "CXRPC_POD=2"};
+// Nodes 0, 1: two hosts of pod 1 (one root); nodes 2, 3: two hosts of another rack (pod 2).
+class NetnsAlock : public cxrt::NetnsTest {
+ protected:
+  NetnsAlock() : NetnsTest(4, "alock", {"/pod", "/rack"}) {}
+};
+
+TEST_F(NetnsAlock, MutualExclusionAcrossThePodAndARemoteRack) {
+  std::vector<std::string> pod_env = root_env("/pod", "1");
+  std::vector<std::string> rack_env = root_env("/rack", "2");
   // Under TSan: UCX's software emulation of the NIC writes the words ALock shares between
   // CPU and NIC with plain 8-byte writes by design; see alock_tsan.supp.
   if (const char *ts = getenv("TSAN_OPTIONS")) {
@@ -52,7 +49,6 @@ TEST(NetnsAlock, MutualExclusionAcrossThePodAndARemoteRack) {
     p->say("quit");
     EXPECT_EQ(p->stop(), 0);
   }
-  cxrt_net_down(&net);
 }
 
 }  // namespace

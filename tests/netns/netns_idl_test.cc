@@ -6,45 +6,30 @@
 // with a deep copy built in its heap, which the stub validates inside
 // cxr_conn_result_range and the client compares and gives back with _release.
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <sys/stat.h>
 
 #include <string>
 #include <vector>
 
-#include "tests/netns/netns.h"
-#include "tests/rdma/proc.h"
+#include "tests/netns/fixture.h"
 
 namespace {
 
 const char *kPeer = "tests/netns/idl_peer";
 
-class NetnsIdl : public ::testing::Test {
+// Node 0: the server's rack (pod 1) and a client in its pod; node 1: another rack (pod 2).
+class NetnsIdl : public cxrt::NetnsTest {
  protected:
-  cxrt_net net = {};  // zeroed: TearDown runs even when SetUp skipped
-  std::string tmp;
-  void SetUp() override {
-    if (!cxrt_net_available()) GTEST_SKIP() << "needs root and no sandbox for network namespaces";
-    const char *t = getenv("TEST_TMPDIR");
-    tmp = std::string(t ? t : "/tmp") + "/" +
-          ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    mkdir(tmp.c_str(), 0700);
-    for (const char *d : {"/pod", "/rack"}) mkdir((tmp + d).c_str(), 0700);
-    ASSERT_EQ(cxrt_net_up(&net, "idl", 2), 0);
-  }
-  void TearDown() override { cxrt_net_down(&net); }
-  std::vector<std::string> env(const char *root, const char *pod) {
-    return {"CXRPC_ROOT=" + tmp + root, std::string("CXRPC_POD=") + pod};
-  }
+  NetnsIdl() : NetnsTest(2, "idl", {"/pod", "/rack"}) {}
 };
 
 TEST_F(NetnsIdl, GeneratedStubsCallAcrossRacksAndInThePod) {
   cxrt::Proc s, remote, pod;
   std::string listen = std::string("ucx://") + net.ip[0] + ":7410";
-  ASSERT_TRUE(s.start({kPeer, "server", "tree", listen}, env("/pod", "1"), net.ns[0]));
+  ASSERT_TRUE(s.start({kPeer, "server", "tree", listen}, root_env("/pod", "1"), net.ns[0]));
   ASSERT_EQ(s.line(15000), "READY");
-  ASSERT_TRUE(remote.start({kPeer, "client", listen + "/tree", "60"}, env("/rack", "2"), net.ns[1]));
-  ASSERT_TRUE(pod.start({kPeer, "client", "tree", "60"}, env("/pod", "1"), net.ns[0]));
+  ASSERT_TRUE(
+      remote.start({kPeer, "client", listen + "/tree", "60"}, root_env("/rack", "2"), net.ns[1]));
+  ASSERT_TRUE(pod.start({kPeer, "client", "tree", "60"}, root_env("/pod", "1"), net.ns[0]));
   EXPECT_EQ(remote.line(15000), "READY");
   EXPECT_EQ(pod.line(15000), "READY");
   EXPECT_EQ(remote.line(60000), "ok remote");
