@@ -137,7 +137,8 @@ void *work(void *arg) {
 ::testing::AssertionResult killed_and_reaped(cxr_heap *h, pid_t pid, cxr_heap_stats *st) {
   std::string why;
   int status = wait_child(pid);
-  if (status != 128 + SIGKILL) why += " child ended with " + std::to_string(status) + ", not SIGKILL;";
+  if (status != 128 + SIGKILL)
+    why += " child ended with " + std::to_string(status) + ", not SIGKILL;";
   int reaped = cxr_heap_reap(h);
   if (reaped != 1) why += " reap took " + std::to_string(reaped) + " leases, not 1;";
   memset(st, 0, sizeof *st);
