@@ -13,8 +13,11 @@ int wait_status(Peer &p) { return wait_peer(p, 60000); }
 
 TEST(Kv, ServerLoadBaselineAndCxrpcctl) {
   std::string root = setup_root("rpc-kv");
-  // A socket path must fit sun_path (108 bytes): TEST_TMPDIR is often longer.
-  std::string name = uniq("kv"), sock = "/tmp/cxrpc-kvtest-" + std::to_string(getpid()) + ".sock";
+  // A socket path must fit sun_path (108 bytes): TEST_TMPDIR is often longer. Not named by
+  // pid: Bazel's sandbox gives each test a pid namespace, so runs side by side share pids.
+  char dir[] = "/tmp/cxrpc-kvtest-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string name = uniq("kv"), sock = std::string(dir) + "/kv.sock";
   Peer srv = spawn_bin(runfile("examples/kvstore/kv_server"),
                        {"--channel", name, "--heap", "16", "--unix", sock}, true);
   ASSERT_GT(srv.pid, 0);
@@ -56,6 +59,7 @@ TEST(Kv, ServerLoadBaselineAndCxrpcctl) {
   EXPECT_EQ(wait_status(srv), 0);
   EXPECT_NE(out.find("items"), std::string::npos) << out;
   EXPECT_NE(access(sock.c_str(), F_OK), 0);  // the server removed its socket
+  rmdir(dir);
 }
 
 }  // namespace
