@@ -14,7 +14,7 @@ def cxr_test(name, srcs, deps = [], tags = [], size = "medium", **kwargs):
         name = name,
         srcs = srcs,
         copts = CXR_COPTS,
-        deps = deps + ["//tests:gtest"],
+        deps = deps + ["//tests:gtest", "//tests:root"],
         tags = tags,
         size = size,
         **kwargs

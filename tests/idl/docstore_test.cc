@@ -2,6 +2,8 @@
 // root of the test's own; the client exits 0 only when every answer it checks is right
 // (including a cyclic document refused by the server's skeleton).
 #include <gtest/gtest.h>
+
+#include "tests/root.h"
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -50,10 +52,7 @@ std::string slurp(const std::string &path) {
 }
 
 TEST(Docstore, ServerAndClientAgree) {
-  const char *t = getenv("TEST_TMPDIR");
-  std::string root = std::string(t ? t : "/tmp") + "/docstore-" + std::to_string(getpid());
-  mkdir(root.c_str(), 0777);
-  setenv("CXRPC_ROOT", root.c_str(), 1);
+  std::string root = cxrt::setup_root("docstore");
   std::string chan = "ds" + std::to_string(getpid());
   pid_t srv = run("examples/docstore/server", chan.c_str(), root + "/server.log");
   pid_t cli = run("examples/docstore/client", chan.c_str(), root + "/client.log");

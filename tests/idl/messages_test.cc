@@ -2,6 +2,8 @@
 // protobuf-c -> wire bytes -> protobuf-c -> shared memory; the validator accepts every
 // built message and refuses each class of malformed graph; copy, free, equal, ranges.
 #include <gtest/gtest.h>
+
+#include "tests/root.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,10 +20,7 @@
 namespace {
 
 std::string g_root = [] {
-  const char *t = getenv("TEST_TMPDIR");
-  std::string r = std::string(t ? t : "/tmp") + "/idl-msg-" + std::to_string(getpid());
-  mkdir(r.c_str(), 0777);
-  setenv("CXRPC_ROOT", r.c_str(), 1);
+  std::string r = cxrt::setup_root("idl-msg");
   return r;
 }();
 

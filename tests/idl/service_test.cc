@@ -2,6 +2,8 @@
 // services on one channel, results built in the call heap, validation of untrusted
 // arguments before dispatch, and a hostile result refused by the client stub.
 #include <gtest/gtest.h>
+
+#include "tests/root.h"
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,10 +16,7 @@
 namespace {
 
 std::string g_root = [] {
-  const char *t = getenv("TEST_TMPDIR");
-  std::string r = std::string(t ? t : "/tmp") + "/idl-svc-" + std::to_string(getpid());
-  mkdir(r.c_str(), 0777);
-  setenv("CXRPC_ROOT", r.c_str(), 1);
+  std::string r = cxrt::setup_root("idl-svc");
   return r;
 }();
 

@@ -19,19 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/root.h"
 #include <cxrpc/rpc.h>
 
 extern char **environ;
 
 namespace rpctest {
 
-inline std::string setup_root(const char *tag) {
-  const char *t = getenv("TEST_TMPDIR");
-  std::string root = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid());
-  mkdir(root.c_str(), 0777);
-  setenv("CXRPC_ROOT", root.c_str(), 1);
-  return root;
-}
+using cxrt::setup_root;  // tests/root.h
 
 // Options for a call whose small argument travels inline in the descriptor.
 inline cxr_call_opts inline_opts(size_t len, int64_t deadline_ns = 0) {

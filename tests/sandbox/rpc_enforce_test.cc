@@ -3,6 +3,8 @@
 // to unseal it are refused by the supervisor and the handler's bytes do not change; after
 // the call, the release goes through.
 #include <gtest/gtest.h>
+
+#include "tests/root.h"
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -35,10 +37,7 @@ bool read_line(FILE *f, char *buf, size_t n) {
 }
 
 TEST(RpcEnforce, SupervisedClientCannotUnsealWhileTheServerHoldsTheArgument) {
-  const char *t = getenv("TEST_TMPDIR");
-  std::string root = std::string(t ? t : "/tmp") + "/rpcenf-" + std::to_string(getpid());
-  mkdir(root.c_str(), 0777);
-  setenv("CXRPC_ROOT", root.c_str(), 1);
+  std::string root = cxrt::setup_root("rpcenf");
   Supervisor sup;
   ASSERT_TRUE(start_supervisor(&sup));
   setenv("CXRPC_ENFORCE", "1", 1);

@@ -2,6 +2,8 @@
 // served on background threads and a client connection, in one process (the seal check
 // still asks the kernel about the client's pages, here our own).
 #include <gtest/gtest.h>
+
+#include "tests/root.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -61,10 +63,7 @@ struct RpcSeal : ::testing::Test {
   cxr_conn *c = nullptr;
   void open(bool untrusted, const char *batch) {
     static int n;
-    const char *t = getenv("TEST_TMPDIR");
-    std::string root = std::string(t ? t : "/tmp") + "/rpcseal-" + std::to_string(getpid());
-    mkdir(root.c_str(), 0777);
-    setenv("CXRPC_ROOT", root.c_str(), 1);
+    std::string root = cxrt::setup_root("rpcseal");
     if (batch) setenv("CXRPC_SEAL_BATCH", batch, 1);
     else unsetenv("CXRPC_SEAL_BATCH");
     name = "sl" + std::to_string(getpid() % 100000) + "-" + std::to_string(++n);

@@ -17,18 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/root.h"
 #include <cxrpc/shm.h>
 
 namespace shmtest {
 
-// The root of this test binary: $TEST_TMPDIR/<tag>; set before the first cxr_* call.
-inline std::string setup_root(const char *tag) {
-  const char *t = getenv("TEST_TMPDIR");
-  std::string root = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid());
-  mkdir(root.c_str(), 0777);
-  setenv("CXRPC_ROOT", root.c_str(), 1);
-  return root;
-}
+using cxrt::setup_root;  // tests/root.h
 
 // Most cases want a heap that goes away with its last holder, so that they can end by
 // checking that nothing is left under the root. 0 or the CXR_E* code of cxr_heap_create.
