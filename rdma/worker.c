@@ -575,7 +575,12 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   if (st != UCS_OK) goto fail;
   rc = cxr__pin_init(r, o);
   if (rc) goto fail;
-  rc = cxr__am_set(r, AM_HELLO, cxr__hello_server, NULL, 0);
+  /* Every id gets a handler before any peer can reach us; ids nobody set drop their
+   * messages. A message for an id UCX has no handler for crashed the receiving process
+   * (UCX 1.13, ucp_am_handler_reply; seen when a client sent a message id an older or
+   * foreign server did not know), so a peer must not be able to choose one. */
+  for (unsigned id = 0; !rc && id <= CXR_RDMA_AM_MAX; id++) rc = cxr__am_set(r, id, NULL, NULL, 0);
+  if (!rc) rc = cxr__am_set(r, AM_HELLO, cxr__hello_server, NULL, 0);
   if (!rc) rc = cxr__am_set(r, AM_HELLO_REPLY, cxr__hello_reply, NULL, CXR_RDMA_AM_INLINE);
   if (rc) goto fail;
   if (o->listen != NULL) {
