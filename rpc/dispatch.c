@@ -22,6 +22,7 @@ size_t cxr_call_arg_len(cxr_call *call) { return call ? call->arg_len : 0; }
 bool cxr_call_cancelled(cxr_call *call) {
   if (call == NULL) return false;
   if (call->cancel != NULL && CXR__LD(call->cancel) == call->call_id) return true;
+  if (call->remote != NULL && cxr__remote_call_cancelled(call)) return true;
   return call->deadline != 0 && cxr_now_ns() > call->deadline;
 }
 

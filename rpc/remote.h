@@ -35,6 +35,8 @@ void cxr__remote_stop(cxr_channel *ch);
 cxr_range cxr__remote_arg_range(cxr_call *call);
 int cxr__remote_set_result_ranges(cxr_call *call, const cxr_range *r, size_t n);
 int cxr__remote_peer(cxr_call *call, cxr_peer *out);
+/* The client sent CANCEL for this call (cxr_call_cancelled adds the deadline). */
+bool cxr__remote_call_cancelled(cxr_call *call);
 
 #ifdef __cplusplus
 }

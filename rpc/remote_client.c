@@ -84,6 +84,19 @@ static bool expire(cxr_future *f, int err) {
   return true;
 }
 
+/* Tells the server we gave up on f: it does not run the call if it still waits for a worker,
+ * and a running handler sees it (cxr_call_cancelled). Only from user threads, never the
+ * progress thread (the send may wait, at most 10 ms). Best effort: a lost CANCEL only means
+ * the handler runs to its end and its answer is discarded. */
+static void tell_server(cxr_conn *c, cxr_future *f) {
+  struct cxr__rconn *rc = c->remote;
+  if (rc == NULL || rc->ep == NULL || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) return;
+  r_cancel m = {.magic = R_MAGIC, .conn_id = rc->conn_id, .token = rc->token,
+                .call_id = (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index};
+  int err = cxr_rdma_am_send(rc->ep, R_CANCEL, &m, sizeof m, NULL, 0, cxr_now_ns() + 10000000);
+  if (err) CXR_DEBUG("remote %s: cancel not sent: %s", rc->chan, cxr_strerror(err));
+}
+
 static void entry_release(cxr_future *f) {
   cxr_conn *c = f->c;
   __atomic_store_n(&f->state, CXR__F_FREE, __ATOMIC_RELEASE);
@@ -282,7 +295,10 @@ static int rwait(cxr_conn *c, cxr_future *f, int64_t until) {
     if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) break;
     int64_t now = cxr_now_ns();
     if (now >= f->deadline) {
-      if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
+      if (expire(f, CXR_ETIMEDOUT)) {
+        CXR__ADD(&c->slot->cli.timeouts, 1);
+        tell_server(c, f);
+      }
       continue;
     }
     int dead = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
@@ -604,6 +620,7 @@ int cxr__remote_future_cancel(cxr_future *f) {
   if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
   if (expire(f, CXR_ECANCELED)) {
     CXR__ADD(&f->c->slot->cli.cancels, 1);
+    tell_server(f->c, f);
     return 0;
   }
   return CXR_EBUSY;
@@ -614,7 +631,7 @@ void cxr__remote_future_free(cxr_future *f) {
     uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
     switch (s) {
       case CXR__F_PENDING:
-        expire(f, CXR_ECANCELED);
+        if (expire(f, CXR_ECANCELED)) tell_server(f->c, f);
         continue;
       case CXR__F_DONE:
         if (!f->taken && f->result != NULL) queue_release(f->c, (uint64_t)(uintptr_t)f->result);

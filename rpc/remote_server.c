@@ -17,6 +17,10 @@ typedef struct rres {
   uint64_t *blocks;
 } rres;
 
+/* Call ids a connection remembers as cancelled: enough for every call of a burst the
+ * client gives up on; an older one that falls out merely runs (its answer is discarded). */
+#define R_CANCEL_KEEP 64
+
 typedef struct rsconn {
   struct rsconn *next;
   cxr_rdma_ep *ep;   /* the accepted endpoint it came through (NULL: a pooled one) */
@@ -30,6 +34,8 @@ typedef struct rsconn {
   pthread_mutex_t rlock;  /* res (workers may run calls of one connection at once) */
   rres *res;
   uint32_t nres, rescap;
+  uint64_t cancelled[R_CANCEL_KEEP]; /* the last call ids the client gave up on (rlock) */
+  unsigned ncancelled;
   int users;              /* calls running on it (under the listener's lock) */
   bool dead;              /* closed while in use: the last call destroys it */
 } rsconn;
@@ -320,6 +326,35 @@ static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, siz
 
 static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c);
 
+static bool was_cancelled(rsconn *c, uint64_t call_id) {
+  bool hit = false;
+  pthread_mutex_lock(&c->rlock);
+  unsigned n = c->ncancelled < R_CANCEL_KEEP ? c->ncancelled : R_CANCEL_KEEP;
+  for (unsigned i = 0; i < n && !hit; i++) hit = c->cancelled[i] == call_id;
+  pthread_mutex_unlock(&c->rlock);
+  return hit;
+}
+
+bool cxr__remote_call_cancelled(cxr_call *call) {
+  return call->remote != NULL && was_cancelled(call->remote->rc, call->call_id);
+}
+
+/* On the progress thread (so also while workers run handlers): the client gave up. */
+static void on_cancel(cxr_rdma_msg *m, void *user) {
+  struct cxr__rlisten *l = user;
+  size_t hl;
+  const r_cancel *hp = cxr_rdma_msg_hdr(m, &hl);
+  if (hl != sizeof *hp || hp->magic != R_MAGIC || hp->call_id == 0) return;
+  rsconn *c = rs_get(l, hp->conn_id);
+  if (c == NULL) return;
+  if (c->token == hp->token) {
+    pthread_mutex_lock(&c->rlock);
+    c->cancelled[c->ncancelled++ % R_CANCEL_KEEP] = hp->call_id;
+    pthread_mutex_unlock(&c->rlock);
+  }
+  rs_put(l, c);
+}
+
 /* One call: find its connection and hold it while the handler runs. */
 static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m) {
   size_t hl;
@@ -411,6 +446,10 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
     st = CXR_ENOMETHOD;
   else if (h.deadline_rel <= 0)
     st = CXR_ETIMEDOUT;
+  else if (was_cancelled(c, h.call_id)) {
+    st = CXR_ECANCELED;  /* cancelled while it waited for a worker: not run */
+    CXR__ADD(&ctr->cancelled, 1);
+  }
   if (st == 0) {
     /* The client's clock is not ours: its deadline arrives as time left. */
     call.deadline = cxr_now_ns() + h.deadline_rel;
@@ -480,6 +519,7 @@ int cxr__remote_listen(cxr_channel *ch, const char *listen) {
   if (rc == 0) rc = cxr__am_set(l->r, R_OPEN, on_open, l, 0);
   if (rc == 0) rc = cxr__am_set(l->r, R_CALL, on_call, l, 0);
   if (rc == 0) rc = cxr__am_set(l->r, R_CLOSE, on_close, l, 0);
+  if (rc == 0) rc = cxr__am_set(l->r, R_CANCEL, on_cancel, l, 0);
   if (rc != 0) {
     CXR_ERR("channel %s: cannot listen on %s: %s", ch->name, listen, cxr_strerror(rc));
     ch->remote = l;

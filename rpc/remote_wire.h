@@ -8,6 +8,8 @@
  *   CALL_REP server -> client  r_call_rep; data: r_range[nranges], then the bytes
  *   CLOSE    client -> server  r_close                     (reply CLOSE_REP r_close, the
  *                              client reuses its heap only after it)
+ *   CANCEL   client -> server  r_cancel                    (no reply: the client gave up on
+ *                              call_id; best effort, the server may have answered already)
  */
 #ifndef CXRPC_RPC_REMOTE_WIRE_H
 #define CXRPC_RPC_REMOTE_WIRE_H
@@ -16,7 +18,10 @@
 
 #include "rpc/internal.h"
 
-enum { R_OPEN = 32, R_OPEN_REP = 33, R_CALL = 34, R_CALL_REP = 35, R_CLOSE = 36, R_CLOSE_REP = 37 };
+enum {
+  R_OPEN = 32, R_OPEN_REP = 33, R_CALL = 34, R_CALL_REP = 35, R_CLOSE = 36, R_CLOSE_REP = 37,
+  R_CANCEL = 38
+};
 #define R_MAGIC 0x31525843u /* "CXR1" */
 #define R_MAX_RANGES 65536u
 #define R_MAX_REL 1024u
@@ -57,6 +62,13 @@ typedef struct r_close {
   uint64_t conn_id;
   uint64_t token;  /* the client's, echoed in CLOSE_REP */
 } r_close;
+
+typedef struct r_cancel {
+  uint32_t magic, pad;
+  uint64_t conn_id;
+  uint64_t token;    /* the client's, as sent in OPEN: only the owner cancels */
+  uint64_t call_id;
+} r_cancel;
 
 typedef struct r_range {
   uint64_t addr, len;

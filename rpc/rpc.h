@@ -140,8 +140,9 @@ cxr_heap *cxr_call_heap(cxr_call *call);  /* where the handler builds results */
 size_t cxr_call_arg_len(cxr_call *call);
 /* True once the caller has given up on this call: it cancelled it (cxr_future_cancel, or
  * freed its future), or the call's deadline passed. The answer will be discarded, so a
- * long handler may stop early (returning CXR_ECANCELED, say). Across racks only the
- * deadline is known. A load, and a clock read while the call is not cancelled. */
+ * long handler may stop early (returning CXR_ECANCELED, say). Across racks the client's
+ * CANCEL message is seen when the channel has two or more workers. Cheap: a load (a lock
+ * across racks) and a clock read. */
 bool cxr_call_cancelled(cxr_call *call);
 /* The memory an argument graph may point into (the connection heap): for validators. */
 cxr_range cxr_call_arg_range(cxr_call *call);

@@ -102,12 +102,12 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   } else if (d->len != 0) {
     st = CXR_EBADPTR;
   }
-  if (st == 0 && CXR__LDX(&sc->cancel[idx]) == d->call_id) { /* idx < ring_slots: checked */
-    st = CXR_ECANCELED; /* cancelled while it waited in the queue: do not run it */
-    ctr_add(ch, &ctr->cancelled, 1);
-  } else if (st == 0 && d->deadline != 0 && tl_now > d->deadline) {
+  if (st == 0 && d->deadline != 0 && tl_now > d->deadline) {
     st = CXR_ETIMEDOUT; /* the caller has given up: do not run it */
     ctr_add(ch, &ctr->expired, 1);
+  } else if (st == 0 && CXR__LDX(&sc->cancel[idx]) == d->call_id) { /* idx < ring_slots */
+    st = CXR_ECANCELED; /* cancelled (or timed out) while it waited in the queue */
+    ctr_add(ch, &ctr->cancelled, 1);
   } else if (st == 0) {
     call.cancel = &sc->cancel[idx];
     st = cxr__dispatch(&call, m->fn, m->user, &result);

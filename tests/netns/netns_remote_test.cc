@@ -250,4 +250,17 @@ TEST_F(NetnsRemote, ASlowHandlerHoldsUpNeitherOtherCallsNorConnects) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, ACancelledCallStopsItsHandlerInTheOtherRack) {
+  // The server runs handlers on two workers; the progress thread takes the client's CANCEL
+  // while the handler works, and the handler sees it (cxr_call_cancelled) and stops long
+  // before its 20 s. Its counts say one handler started and one stopped early.
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  EXPECT_EQ(ask(a, "spin 20000 300", 20000), "ok 1 1");
+  EXPECT_EQ(ask(a, "noop 2500"), "ok");  // the connection still serves
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 }  // namespace

@@ -10,6 +10,10 @@
  *       slow MS DL        -> starts a call the server sleeps MS in (deadline DL ms), prints
  *                            "sent", then its outcome "ok" | "err <code> <ms taken>"
  *       whoami            -> "ok <server pid>"
+ *       spin MS AFTER     -> starts a call the server works in until the caller gives up
+ *                            (at most MS), cancels it after AFTER ms, then asks the server
+ *                            until that handler stopped: "ok <started> <stopped>" (the
+ *                            server's counts of such handlers) | "err <code>"
  *       cycles N          -> N times connect + call + close: "ok" | first failure
  */
 #include <inttypes.h>
@@ -20,7 +24,7 @@
 
 #include <cxrpc/rpc.h>
 
-enum { M_GRAPH = 1, M_NOOP = 2, M_SLEEP = 3, M_WHOAMI = 4 };
+enum { M_GRAPH = 1, M_NOOP = 2, M_SLEEP = 3, M_WHOAMI = 4, M_SPIN = 5, M_SPIN_COUNTS = 6 };
 
 typedef struct node {
   int64_t v;
@@ -105,6 +109,34 @@ static int h_whoami(cxr_call *call, const void *args, void **result, void *user)
   return 0;
 }
 
+/* M_SPIN works in 1 ms steps until cxr_call_cancelled or `ms` pass; the counts say how
+ * many started and how many stopped because the caller gave up. */
+static int64_t spin_counts[2]; /* atomic: started, stopped */
+
+static int h_spin(cxr_call *call, const void *args, void **result, void *user) {
+  int64_t ms = 0;
+  if (args) memcpy(&ms, args, sizeof ms);
+  if (ms <= 0 || ms > 60000) return CXR_EINVAL;
+  __atomic_fetch_add(&spin_counts[0], 1, __ATOMIC_SEQ_CST);
+  for (int64_t i = 0; i < ms; i++) {
+    if (cxr_call_cancelled(call)) {
+      __atomic_fetch_add(&spin_counts[1], 1, __ATOMIC_SEQ_CST);
+      return CXR_ECANCELED;
+    }
+    usleep(1000);
+  }
+  return 0;
+}
+
+static int h_spin_counts(cxr_call *call, const void *args, void **result, void *user) {
+  int64_t *p = cxr_heap_alloc(cxr_call_heap(call), 2 * sizeof *p);
+  if (p == NULL) return CXR_ENOMEM;
+  p[0] = __atomic_load_n(&spin_counts[0], __ATOMIC_SEQ_CST);
+  p[1] = __atomic_load_n(&spin_counts[1], __ATOMIC_SEQ_CST);
+  *result = p;
+  return 0;
+}
+
 static int server(const char *name, const char *listen) {
   cxr_channel_opts o;
   cxr_channel_opts_init(&o);
@@ -116,6 +148,8 @@ static int server(const char *name, const char *listen) {
   if (rc == 0) rc = cxr_channel_on(ch, M_NOOP, h_noop, NULL);
   if (rc == 0) rc = cxr_channel_on(ch, M_SLEEP, h_sleep, NULL);
   if (rc == 0) rc = cxr_channel_on(ch, M_WHOAMI, h_whoami, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_SPIN, h_spin, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_SPIN_COUNTS, h_spin_counts, NULL);
   if (rc == 0) rc = cxr_channel_start(ch);
   if (rc) {
     printf("err %d\n", rc);
@@ -273,6 +307,31 @@ static int client(const char *t) {
       }
       if (rc) printf("err %d %ld\n", rc, (long)((cxr_now_ns() - t0) / 1000000));
       else printf("ok\n");
+    } else if (sscanf(line, "spin %ld %ld", &a, &b) == 2) {
+      int64_t ms = a, *counts = NULL;
+      cxr_call_opts o;
+      cxr_call_opts_init(&o);
+      o.deadline_ns = 30000000000;
+      o.flags = CXR_CALL_INLINE;
+      o.arg_len = sizeof ms;
+      cxr_future *f;
+      int rc = cxr_conn_call_async(conn, M_SPIN, &ms, &f, &o);
+      if (rc == 0) {
+        usleep((useconds_t)b * 1000);
+        rc = cxr_future_cancel(f);
+        cxr_future_free(f);
+      }
+      for (int i = 0; rc == 0 && i < 1000; i++) { /* up to ~10 s for the handler to stop */
+        rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&counts, NULL);
+        if (rc == 0 && counts != NULL && counts[1] >= 1) break;
+        cxr_conn_free(conn, counts);
+        counts = NULL;
+        usleep(10000);
+      }
+      if (rc) printf("err %d\n", rc);
+      else if (counts == NULL) printf("err %d\n", CXR_ETIMEDOUT);
+      else printf("ok %lld %lld\n", (long long)counts[0], (long long)counts[1]);
+      cxr_conn_free(conn, counts);
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
       int rc = cxr_conn_call(conn, M_WHOAMI, NULL, (void **)&pid, NULL);
