@@ -61,13 +61,15 @@ TEST(Leak, ThousandConnectCyclesLeakNothing) {
   EXPECT_EQ(failures, 0);
   usleep(200000);  // the server recycles the last connections
   Usage me1 = usage(getpid(), root), srv1 = usage(srv.pid, root);
-  // Descriptors: exactly as before. Heaps: a slow server may add a connection heap to its
-  // pool during a burst, and the client keeps up to 8 spare mappings (rpc/conn.c), so
-  // heap files and mappings may grow by a bounded few, never with the number of cycles.
+  // Client descriptors: exactly as before. Heaps: a slow server may ready one more slot for
+  // its pool during a burst, and the client keeps up to 8 spare mappings (rpc/conn.c), so
+  // heap files and mappings may grow by a bounded few, never with the number of cycles. The
+  // server's descriptors likewise: each slot it ever readies keeps its seal table (a memfd)
+  // for the channel's life (TSan once saw +2 after a burst).
   EXPECT_EQ(me1.fds, me0.fds);
   EXPECT_LE(me1.heap_maps, 1 + 8);
   EXPECT_LE(me1.maps, me0.maps + 8 + 8);
-  EXPECT_EQ(srv1.fds, srv0.fds);
+  EXPECT_LE(srv1.fds, srv0.fds + 3);
   EXPECT_LE(srv1.heap_maps, srv0.heap_maps + 3);
   EXPECT_LE(srv1.maps, srv0.maps + 8 + 3);
   EXPECT_LE(me1.files, me0.files + 3);
