@@ -276,11 +276,8 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
   *out = NULL;
   if (c != NULL && c->remote) return cxr__remote_call_async(c, method, args, out, o);
   if (c == NULL || c->tab == NULL) return CXR_EINVAL;
-  cxr_call_opts def;
-  if (o == NULL) {
-    cxr_call_opts_init(&def);
-    o = &def;
-  }
+  static const cxr_call_opts defaults; /* what cxr_call_opts_init gives: all zero */
+  if (o == NULL) o = &defaults;
   if (o->deadline_ns < 0 || (o->flags & ~(unsigned)(CXR_CALL_SEAL | CXR_CALL_INLINE)) ||
       (o->ranges == NULL && o->nranges != 0))
     return CXR_EINVAL;
@@ -349,6 +346,15 @@ int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
   int rc = cxr_conn_call_async(c, method, args, &f, o);
   if (rc != 0) return rc;
   wait_entry(c, f, INT64_MAX);
+  /* The common end: the server answered and no callback is armed (none can be: the future
+   * never left this function), so nothing else touches f any more. */
+  if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_REPLIED) {
+    rc = f->rerr;
+    if (result != NULL) *result = f->rresult;
+    else result_free(c, f->rresult);
+    entry_release(f);
+    return rc;
+  }
   rc = out_err(f);
   if (result != NULL) {
     *result = out_result(f);

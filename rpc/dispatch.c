@@ -7,6 +7,10 @@
 
 int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result) {
   *result = NULL;
+  /* Neither sealed nor sandboxed: nothing to wrap (what cxr__seal_dispatch would do too),
+   * one call less on the round trip. */
+  if (!(call->flags & CXR_CALL_SEAL) && !call->ch->o.untrusted)
+    return fn(call, call->args, result, user);
   return cxr__seal_dispatch(call, fn, user, result); /* rpc/seal_glue.c */
 }
 
