@@ -129,7 +129,7 @@ static bool expire(cxr_future *f, int err) {
    * reused before its late answer comes, so the id written is still this call's. */
   cxr_conn *c = f->c;
   if ((err == CXR_ECANCELED || err == CXR_ETIMEDOUT) && c->cancel != NULL)
-    CXR__ST(&c->cancel[f->index], (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index);
+    CXR__ST(&c->cancel[f->index], cxr__future_call_id(f));
   fire(f);
   return true;
 }
@@ -309,7 +309,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
   f->deadline = now + rel;
   if (f->deadline < now) f->deadline = INT64_MAX; /* overflow: no practical deadline */
   d.deadline = f->deadline;
-  d.call_id = (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index;
+  d.call_id = cxr__future_call_id(f);
   if (o->flags & CXR_CALL_SEAL) {
     int rc = cxr__call_seal(c, args, d.len, &d.seal);
     if (rc != 0) {

@@ -142,8 +142,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
     }
     sc->heap = h;
     sc->blk = b;
-    sc->req = (cxr__rview){&b->req, d, ring - 1, 0};
-    sc->resp = (cxr__rview){&b->resp, d + ring, ring - 1, 0};
+    cxr__conn_views(b, ring, &sc->req, &sc->resp);
     sc->cancel = cxr__conn_cancels(b, ring);
     cxr_heap_stats st;
     sc->baseline_used = cxr_heap_stats(h, &st) == 0 ? st.used : 0;

@@ -103,6 +103,11 @@ static inline void cxr__future_reset(struct cxr_future *f) {
   __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELAXED);
 }
 
+/* The id a call travels under: its entry's generation << 32 | its index in the table. */
+static inline uint64_t cxr__future_call_id(const struct cxr_future *f) {
+  return (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index;
+}
+
 /* Ends a pending call locally (timeout, cancel, dead peer) while its response may still
  * come: PENDING -> BUSY -> ORPHAN, so a deliverer racing with us either wins first or sees
  * ORPHAN and drops the late answer. False if the call already had an outcome; on true the

@@ -198,7 +198,6 @@ static int claim_slot(cxr__chan_block *cb, uint32_t pid, bool *any_free) {
   return -1;
 }
 
-/* Gives a claimed slot back for the server to recycle. */
 /* True when at most half the pool is ready: then the manager is woken to refill. */
 static bool pool_low(cxr__chan_block *cb) {
   unsigned ready = 0;
@@ -276,9 +275,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
     goto fail;
   }
   c->blk = b;
-  cxr__desc *d = (cxr__desc *)(b + 1);
-  c->req = (cxr__rview){&b->req, d, ring - 1, 0};
-  c->resp = (cxr__rview){&b->resp, d + ring, ring - 1, 0};
+  cxr__conn_views(b, ring, &c->req, &c->resp);
   c->cancel = cxr__conn_cancels(b, ring);
   c->server = (cxr__proc_id){.pid = cb->server_pid, .start_time = cb->server_start,
                              .host = cb->server_host};

@@ -258,6 +258,14 @@ static inline size_t cxr__conn_block_size(unsigned ring_slots) {
 static inline uint64_t *cxr__conn_cancels(cxr__conn_block *b, unsigned ring_slots) {
   return (uint64_t *)((cxr__desc *)(b + 1) + 2 * (size_t)ring_slots);
 }
+/* A side's private views of a connection block's two rings (request descriptors right after
+ * the block, then the response ones), computed from its own copy of the geometry. */
+static inline void cxr__conn_views(cxr__conn_block *b, unsigned ring_slots, cxr__rview *req,
+                                   cxr__rview *resp) {
+  cxr__desc *d = (cxr__desc *)(b + 1);
+  *req = (cxr__rview){&b->req, d, ring_slots - 1, 0};
+  *resp = (cxr__rview){&b->resp, d + ring_slots, ring_slots - 1, 0};
+}
 
 /* ---- seams for other layers ---- */
 

@@ -92,7 +92,7 @@ static void tell_server(cxr_conn *c, cxr_future *f) {
   struct cxr__rconn *rc = c->remote;
   if (rc == NULL || rc->ep == NULL || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) return;
   r_cancel m = {.magic = R_MAGIC, .conn_id = rc->conn_id, .token = rc->token,
-                .call_id = (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index};
+                .call_id = cxr__future_call_id(f)};
   int err = cxr_rdma_am_send(rc->ep, R_CANCEL, &m, sizeof m, NULL, 0, cxr_now_ns() + 10000000);
   if (err) CXR_DEBUG("remote %s: cancel not sent: %s", rc->chan, cxr_strerror(err));
 }
@@ -540,7 +540,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
   for (size_t i = 0; i < nr; i++)
     if (rg[i].len) iov[niov++] = (struct iovec){(void *)rg[i].p, rg[i].len};
   r_call h = {.magic = R_MAGIC, .method = method, .conn_id = rc->conn_id,
-              .call_id = (uint64_t)__atomic_load_n(&f->gen, __ATOMIC_RELAXED) << 32 | f->index,
+              .call_id = cxr__future_call_id(f),
               .args = inl ? 0 : (uint64_t)(uintptr_t)args, .arg_len = inl ? inl : bytes,
               .deadline_rel = rel, .flags = o->flags & ~(unsigned)CXR_CALL_SEAL,
               .nranges = (uint32_t)nr, .nrel = nrel, .inline_len = (uint32_t)inl};
