@@ -260,8 +260,7 @@ static int hello(cxr_rdma_ep *ep, int64_t deadline) {
   unsigned nold = 0;
   void *oldwa = NULL;
   pthread_mutex_lock(&r->lock);
-  rdma_host *h = r->hosts;
-  while (h && strcmp(h->key, ep->host)) h = h->next;
+  rdma_host *h = cxr__host_find(r, ep->host);
   if (h == NULL && (h = calloc(1, sizeof *h)) != NULL) {
     snprintf(h->key, sizeof h->key, "%s", ep->host);
     h->next = r->hosts;
@@ -302,6 +301,12 @@ typedef struct ep_where {
   void *wa;
 } ep_where;
 
+/* Where a known host can be reached: its listener's address if we have it, and `wa` (a copy
+ * of its worker address, or NULL). Hold r->lock. */
+static ep_where where_of(const rdma_host *h, void *wa) {
+  return (ep_where){.has_sa = h->has_sa, .sa = h->sa, .wa = wa};
+}
+
 static int ep_from_waddr(cxr_rdma *r, const char *key, const ep_where *w, cxr_rdma_ep **out) {
   cxr_rdma_ep *ep = ep_new(r, key);
   if (ep == NULL) return CXR_ENOMEM;
@@ -337,14 +342,11 @@ static void refill(void *arg) {
     void *wa = NULL;
     ep_where w = {0};
     pthread_mutex_lock(&r->lock);
-    rdma_host *h = r->hosts;
-    while (h && strcmp(h->key, probe->host)) h = h->next;
+    rdma_host *h = cxr__host_find(r, probe->host);
     if (h && h->valid && h->npool < r->pool_target && h->waddr) {
       wa = malloc(h->waddr_len);
       if (wa) memcpy(wa, h->waddr, h->waddr_len);
-      w.has_sa = h->has_sa;
-      w.sa = h->sa;
-      w.wa = wa;
+      w = where_of(h, wa);
     }
     if (h && !wa) h->refilling = false;
     pthread_mutex_unlock(&r->lock);
@@ -358,8 +360,7 @@ static void refill(void *arg) {
     }
     bool kept = false;
     pthread_mutex_lock(&r->lock);
-    h = r->hosts;
-    while (h && strcmp(h->key, probe->host)) h = h->next;
+    h = cxr__host_find(r, probe->host);
     if (h && h->valid && h->npool < r->pool_target) {
       ep->pooled = true;
       h->pool[h->npool++] = ep;
@@ -372,8 +373,8 @@ static void refill(void *arg) {
     }
   }
   pthread_mutex_lock(&r->lock);  /* whatever ended the loop, a later connect may refill */
-  for (rdma_host *h = r->hosts; h; h = h->next)
-    if (!strcmp(h->key, probe->host)) h->refilling = false;
+  rdma_host *h = cxr__host_find(r, probe->host);
+  if (h) h->refilling = false;
   pthread_mutex_unlock(&r->lock);
   CXR_DEBUG("rdma: pool for %s refilled", probe->host);
   free(probe);
@@ -381,8 +382,7 @@ static void refill(void *arg) {
 
 static void schedule_refill(cxr_rdma *r, const char *key) {
   pthread_mutex_lock(&r->lock);
-  rdma_host *h = r->hosts;
-  while (h && strcmp(h->key, key)) h = h->next;
+  rdma_host *h = cxr__host_find(r, key);
   bool go = h && h->valid && !h->refilling && h->npool < r->pool_target;
   if (go) h->refilling = true;
   pthread_mutex_unlock(&r->lock);
@@ -402,11 +402,9 @@ static cxr_rdma_ep *warm(cxr_rdma *r, const char *key) {
   void *wa = NULL;
   ep_where w = {0};
   pthread_mutex_lock(&r->lock);
-  rdma_host *h = r->hosts;
-  while (h && strcmp(h->key, key)) h = h->next;
+  rdma_host *h = cxr__host_find(r, key);
   if (h && h->valid) {
-    w.has_sa = h->has_sa;
-    w.sa = h->sa;
+    w = where_of(h, NULL);
     while (h->npool > 0 && ep == NULL) {
       cxr_rdma_ep *e = h->pool[--h->npool];
       e->pooled = false;
@@ -456,11 +454,11 @@ static int cold(cxr_rdma *r, const char *key, const struct sockaddr_in *sa, int6
   }
   pthread_mutex_lock(&r->lock);
   r->cold++;
-  for (rdma_host *h = r->hosts; h; h = h->next)
-    if (!strcmp(h->key, key)) {
-      h->sa = *sa;
-      h->has_sa = true;
-    }
+  rdma_host *h = cxr__host_find(r, key);
+  if (h) {
+    h->sa = *sa;
+    h->has_sa = true;
+  }
   pthread_mutex_unlock(&r->lock);
   schedule_refill(r, key);
   *out = ep;
@@ -499,8 +497,8 @@ void cxr_rdma_forget(cxr_rdma *r, const char *hostport) {
   cxr_rdma_ep *drop[POOL_MAX];
   unsigned n = 0;
   pthread_mutex_lock(&r->lock);
-  for (rdma_host *h = r->hosts; h; h = h->next) {
-    if (strcmp(h->key, hostport)) continue;
+  rdma_host *h = cxr__host_find(r, hostport);
+  if (h) {
     h->valid = false;
     while (h->npool) drop[n++] = h->pool[--h->npool];
   }
@@ -558,8 +556,8 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
     /* The host (or the path to it) is gone: its pooled endpoints and worker address are
      * stale, so the next connect must be cold. */
     pthread_mutex_lock(&r->lock);
-    for (rdma_host *h = r->hosts; h; h = h->next)
-      if (!strcmp(h->key, ep->host)) h->valid = false;
+    rdma_host *h = cxr__host_find(r, ep->host);
+    if (h) h->valid = false;
     pthread_mutex_unlock(&r->lock);
   }
   void (*cb)(cxr_rdma_ep *, int, void *) = __atomic_load_n(&ep->on_err, __ATOMIC_ACQUIRE);

@@ -4,6 +4,7 @@
 
 #include <netinet/in.h>
 #include <pthread.h>
+#include <string.h>
 #include <stdatomic.h>
 #include <ucp/api/ucp.h>
 
@@ -144,6 +145,13 @@ struct cxr_rdma {
   void *bounce;
   size_t bounce_size;
 };
+
+/* The directory's entry for a host ("ADDR:PORT", one entry per key), or NULL. Hold r->lock. */
+static inline rdma_host *cxr__host_find(cxr_rdma *r, const char *key) {
+  rdma_host *h = r->hosts;
+  while (h && strcmp(h->key, key)) h = h->next;
+  return h;
+}
 
 /* worker.c */
 int cxr__rdma_status(ucs_status_t s);

@@ -263,15 +263,13 @@ int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **out, ui
       pthread_mutex_unlock(&r->lock);
       return 0;
     }
-  for (rdma_host *h = r->hosts; h && !blob; h = h->next) {
-    if (strcmp(h->key, ep->host)) continue;
-    for (unsigned i = 0; i < h->nexps; i++)
-      if (!strcmp(h->exps[i].name, name) && (blob = malloc(h->exps[i].rlen)) != NULL) {
-        e = h->exps[i];
-        memcpy(blob, e.rkey, e.rlen);
-        break;
-      }
-  }
+  rdma_host *h = cxr__host_find(r, ep->host);
+  for (unsigned i = 0; h != NULL && i < h->nexps; i++)
+    if (!strcmp(h->exps[i].name, name) && (blob = malloc(h->exps[i].rlen)) != NULL) {
+      e = h->exps[i];
+      memcpy(blob, e.rkey, e.rlen);
+      break;
+    }
   pthread_mutex_unlock(&r->lock);
   if (blob == NULL) return CXR_ENOENT;
   cxr_rdma_rkey *k = calloc(1, sizeof *k);
