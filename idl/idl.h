@@ -181,23 +181,18 @@ bool cxr__eq_bytess(const cxr_vec_bytes *a, const cxr_vec_bytes *b);
 int cxr__rg_strs(cxr_ranges *r, const cxr_vec_str *a);
 int cxr__rg_bytess(cxr_ranges *r, const cxr_vec_bytes *a);
 
-/* Server side: true unless the peer is known to be trusted. */
-bool cxr__call_untrusted(cxr_call *call);
 /* Where an argument graph must lie: the connection heap, or, when the caller stated the
  * argument's extent (cxr_call_arg_len: a sealed call does), [args, args + len). */
 cxr_range cxr__call_arg_extent(cxr_call *call, const void *args);
 /* l if it has any non-zero limit, else the defaults written into tmp. */
 const cxr_limits *cxr__limits(const cxr_limits *l, cxr_limits *tmp);
-/* Client side: the range a result may point into (cxr_conn_result_range: the connection
- * heap, or across racks the replica of the server's result heap). */
-cxr_range cxr__conn_range(cxr_conn *c);
 /* A message's internal ranges walk (pkg_M__rin). */
 typedef int (*cxr__rinfn)(const void *p, cxr_ranges *r, unsigned depth);
 /* The merged byte ranges of the graph at m (a message of `size` bytes) into rg (initialized
  * here; the caller frees it on success). */
 int cxr__graph_ranges(const void *m, size_t size, cxr__rinfn walk, cxr_ranges *rg);
 /* Server side, one cxr_call_peer: whether to validate, whether the peer is in another rack. */
-int cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote);
+void cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote);
 /* Client stubs: the options for a call with argument rq on c. On a remote connection whose
  * caller gave no ranges, *tmp is o (or the defaults) with the argument graph's ranges (kept
  * in rg, which the stub frees after the call); otherwise o itself. NULL with *err on error. */

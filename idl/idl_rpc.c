@@ -1,25 +1,15 @@
 /* The parts of the idl runtime that stubs and skeletons need from rpc. */
 #include <cxrpc/idl.h>
 
-bool cxr__call_untrusted(cxr_call *call) {
-  cxr_peer p;
-  /* Unknown peer: treat as untrusted, so validation is never skipped by mistake. */
-  if (!call || cxr_call_peer(call, &p) != 0) return true;
-  return !p.trusted;
-}
-
-cxr_range cxr__conn_range(cxr_conn *c) { return cxr_conn_result_range(c); }
-
-int cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote) {
+void cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote) {
   cxr_peer p;
   if (!call || cxr_call_peer(call, &p) != 0) {
     *untrusted = true;  /* unknown peer: never skip validation by mistake */
     *remote = false;
-    return 0;
+    return;
   }
   *untrusted = !p.trusted;
   *remote = p.pid == -1;
-  return 0;
 }
 
 int cxr__graph_ranges(const void *m, size_t size, cxr__rinfn walk, cxr_ranges *rg) {

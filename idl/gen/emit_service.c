@@ -27,8 +27,9 @@ static void emit_client(gen_buf *h, gen_buf *c, const gm_service *s, const gm_me
   gb_printf(c,
             "\nstatic int %s__result(cxr_conn *c, void *res, %s **rs) {\n"
             "  if (res) {\n"
-            "    /* the server is a peer too: its result must stay inside our heap */\n"
-            "    cxr_range r = cxr__conn_range(c);\n"
+            "    /* the server is a peer too: its result must stay where results may lie (the\n"
+            "     * connection heap, or across racks the replica of the server's result heap) */\n"
+            "    cxr_range r = cxr_conn_result_range(c);\n"
             "    int rc = %s_validate((const %s *)res, &r, NULL);\n"
             "    if (rc) {\n      if (cxr_conn_is_remote(c)) cxr_conn_free(c, res);  /* the server's blocks */\n"
             "      return rc;\n    }\n  }\n"
