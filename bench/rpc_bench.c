@@ -40,6 +40,17 @@ static stats summarize(int64_t *v, int n) {
   return s;
 }
 
+/* The mean of the middle 80 % of sorted samples. The clock moves in 10 ns steps on the
+ * development VM, so medians land on that grid; a round trip starts at a random point
+ * between two steps, so the mean of the stepped samples is not biased by the steps and
+ * resolves what the median cannot (trimmed: preemptions do not drag it). */
+static double trimmed_mean(const int64_t *sorted, int n) {
+  double sum = 0;
+  int lo = n / 10, hi = n - n / 10;
+  for (int i = lo; i < hi; i++) sum += (double)sorted[i];
+  return hi > lo ? sum / (hi - lo) : 0;
+}
+
 /* ---- raw floor: a flag bounced between two processes ---- */
 /* Fills lat[0..n) with round trips of a flag bounced between two processes. */
 static void raw_floor(int n, int64_t *lat) {
@@ -288,20 +299,24 @@ int main(int argc, char **argv) {
    * alternating rounds, and each round's ratio compares like with like. */
   enum { ROUNDS = 7, PER = 30000 };
   int64_t *fl = malloc(sizeof(int64_t) * ROUNDS * PER), *rl = malloc(sizeof(int64_t) * ROUNDS * PER);
-  int64_t fmed[ROUNDS], rmed[ROUNDS], ratio[ROUNDS];
+  int64_t fmed[ROUNDS], rmed[ROUNDS], ratio[ROUNDS], mratio[ROUNDS];
   for (int r = 0; r < ROUNDS; r++) {
     raw_floor(PER, fl + r * PER);
     rpc_rtt(c, PER, rl + r * PER);
     int64_t tmp[PER];
     memcpy(tmp, fl + r * PER, sizeof tmp);
     fmed[r] = summarize(tmp, PER).median_us * 1000;
+    double fmean = trimmed_mean(tmp, PER);
     memcpy(tmp, rl + r * PER, sizeof tmp);
     rmed[r] = summarize(tmp, PER).median_us * 1000;
     ratio[r] = fmed[r] > 0 ? rmed[r] * 1000 / fmed[r] : 0;
+    mratio[r] = fmean > 0 ? (int64_t)(trimmed_mean(tmp, PER) * 1000 / fmean) : 0;
   }
   stats raw = summarize(fl, ROUNDS * PER), rtt = summarize(rl, ROUNDS * PER);
   qsort(ratio, ROUNDS, sizeof ratio[0], cmp_i64);
   double rtt_ratio = ratio[ROUNDS / 2] / 1000.0, best_ratio = ratio[0] / 1000.0;
+  qsort(mratio, ROUNDS, sizeof mratio[0], cmp_i64);
+  double mean_ratio = mratio[ROUNDS / 2] / 1000.0;
   free(fl);
   free(rl);
   /* Best of three short runs: other processes on this machine only ever lower it. */
@@ -341,6 +356,8 @@ int main(int argc, char **argv) {
          rtt.p99_us, rtt_ratio);
   printf("  (x floor: median over %d alternating rounds of the per-round ratio; best round %.2f)\n",
          ROUNDS, best_ratio);
+  printf("  (the same ratio from trimmed means, finer than the clock's 10 ns steps: %.2f)\n",
+         mean_ratio);
   printf("%-44s %12.3f %12.3f\n", "cxrpc connect (from the ready pool)", con.median_us, con.p99_us);
   printf("%-44s %12.3f %12.3f\n", "cxrpc close", cl.median_us, cl.p99_us);
   printf("%-44s %12s\n", "throughput (best of 3 runs)", "calls/s");
