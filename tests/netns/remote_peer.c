@@ -24,6 +24,8 @@
 
 #include <cxrpc/rpc.h>
 
+#include "tests/rpc/spin.h"
+
 enum { M_GRAPH = 1, M_NOOP = 2, M_SLEEP = 3, M_WHOAMI = 4, M_SPIN = 5, M_SPIN_COUNTS = 6 };
 
 typedef struct node {
@@ -109,30 +111,14 @@ static int h_whoami(cxr_call *call, const void *args, void **result, void *user)
   return 0;
 }
 
-/* M_SPIN works in 1 ms steps until cxr_call_cancelled or `ms` pass; the counts say how
- * many started and how many stopped because the caller gave up. */
-static int64_t spin_counts[2]; /* atomic: started, stopped */
-
-static int h_spin(cxr_call *call, const void *args, void **result, void *user) {
-  int64_t ms = 0;
-  if (args) memcpy(&ms, args, sizeof ms);
-  if (ms <= 0 || ms > 60000) return CXR_EINVAL;
-  __atomic_fetch_add(&spin_counts[0], 1, __ATOMIC_SEQ_CST);
-  for (int64_t i = 0; i < ms; i++) {
-    if (cxr_call_cancelled(call)) {
-      __atomic_fetch_add(&spin_counts[1], 1, __ATOMIC_SEQ_CST);
-      return CXR_ECANCELED;
-    }
-    usleep(1000);
-  }
-  return 0;
-}
+/* M_SPIN: tests/rpc/spin.h; M_SPIN_COUNTS answers with its counts. */
+static spin_counts spins;
 
 static int h_spin_counts(cxr_call *call, const void *args, void **result, void *user) {
   int64_t *p = cxr_heap_alloc(cxr_call_heap(call), 2 * sizeof *p);
   if (p == NULL) return CXR_ENOMEM;
-  p[0] = __atomic_load_n(&spin_counts[0], __ATOMIC_SEQ_CST);
-  p[1] = __atomic_load_n(&spin_counts[1], __ATOMIC_SEQ_CST);
+  p[0] = __atomic_load_n(&spins.started, __ATOMIC_SEQ_CST);
+  p[1] = __atomic_load_n(&spins.stopped, __ATOMIC_SEQ_CST);
   *result = p;
   return 0;
 }
@@ -148,7 +134,7 @@ static int server(const char *name, const char *listen) {
   if (rc == 0) rc = cxr_channel_on(ch, M_NOOP, h_noop, NULL);
   if (rc == 0) rc = cxr_channel_on(ch, M_SLEEP, h_sleep, NULL);
   if (rc == 0) rc = cxr_channel_on(ch, M_WHOAMI, h_whoami, NULL);
-  if (rc == 0) rc = cxr_channel_on(ch, M_SPIN, h_spin, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_SPIN, spin_handler, &spins);
   if (rc == 0) rc = cxr_channel_on(ch, M_SPIN_COUNTS, h_spin_counts, NULL);
   if (rc == 0) rc = cxr_channel_start(ch);
   if (rc) {

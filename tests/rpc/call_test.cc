@@ -321,7 +321,7 @@ TEST_F(Call, CancelReachesTheServer) {
   EXPECT_EQ(cxr_future_cancel(run2), 0);
   EXPECT_TRUE(eventually([&] { return stopped() == 2; }, 8000));
   EXPECT_TRUE(eventually([&] { return info().cancelled == 1; }, 10000));
-  EXPECT_EQ(started(), 2u) << "a request cancelled in the queue ran";
+  EXPECT_EQ(started(), 2) << "a request cancelled in the queue ran";
   EXPECT_EQ(info().cancels, 3u);
   for (cxr_future *f : {run1, run2, queued}) cxr_future_free(f);
   // A call whose deadline passes: the handler sees that too and stops. The caller gets its

@@ -9,6 +9,8 @@
 
 #include <cxrpc/rpc.h>
 
+#include "tests/rpc/spin.h"
+
 /* Results are allocated by server threads and freed by the client process; a block freed
  * there and allocated again by another server thread looks like a race to TSan, which
  * cannot see synchronisation through another process. The server releases each result
@@ -86,30 +88,8 @@ static inline int m_pid(cxr_call *c, const void *a, void **r, void *u) {
   return 0;
 }
 
-/* M_SPIN (sleep_args): works in 1 ms steps until the caller gives up (cxr_call_cancelled)
- * or `ms` pass. Counts the runs that started and those that stopped because the caller gave
- * up (per process: the in-process tests read them). */
-typedef struct spin_counts {
-  unsigned started, stopped;  /* atomic */
-} spin_counts;
+/* M_SPIN (sleep_args): tests/rpc/spin.h; counts per process (in-process tests read them). */
 static spin_counts spin_seen;
-static inline int m_spin(cxr_call *c, const void *a, void **r, void *u) {
-  (void)r;
-  spin_counts *k = (spin_counts *)u;
-  if (a == NULL) return CXR_EINVAL;
-  int64_t ms = ((const sleep_args *)a)->ms;
-  if (ms < 0 || ms > 60000) return CXR_EINVAL;
-  __atomic_fetch_add(&k->started, 1, __ATOMIC_SEQ_CST);
-  for (int64_t i = 0; i < ms; i++) {
-    if (cxr_call_cancelled(c)) {
-      __atomic_fetch_add(&k->stopped, 1, __ATOMIC_SEQ_CST);
-      return CXR_ECANCELED;
-    }
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
-  return 0;
-}
 
 static inline int register_methods(cxr_channel *ch) {
   int rc = 0;
@@ -119,7 +99,7 @@ static inline int register_methods(cxr_channel *ch) {
   rc |= cxr_channel_on(ch, M_FAIL, m_fail, NULL);
   rc |= cxr_channel_on(ch, M_ECHO, m_echo, NULL);
   rc |= cxr_channel_on(ch, M_PID, m_pid, NULL);
-  rc |= cxr_channel_on(ch, M_SPIN, m_spin, &spin_seen);
+  rc |= cxr_channel_on(ch, M_SPIN, spin_handler, &spin_seen);
   return rc;
 }
 
