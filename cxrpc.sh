@@ -13,7 +13,7 @@ PACKAGES=(
   libgtest-dev libucx-dev ucx-utils libibverbs-dev ibverbs-providers
   libpmem2-dev libseccomp-dev
   libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev libprotoc-dev
-  iproute2 procps psmisc
+  iproute2 procps psmisc groff-base
 )
 
 deps() {
