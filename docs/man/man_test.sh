@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every public function of the headers given as arguments has a page in man3/ (its own, or
-# a ".so" link to the page that documents it with its siblings), every page has the
-# sections a reader looks for, and groff renders every page without a warning.
+# a ".so" link to the page that documents it with its siblings), every page (man3 and the
+# man7 overview) has the sections a reader looks for, and groff renders it without a warning.
 # Usage: man_test.sh HEADER...   (run by Bazel from the runfiles tree; see BUILD)
 set -uo pipefail
 here=$(dirname "$(readlink -f "$0")")
@@ -21,10 +21,11 @@ for h in "$@"; do
 done
 
 pages=0
-for p in "$mandir"/man3/*.3; do
+for p in "$mandir"/man3/*.3 "$mandir"/man7/*.7; do
   [ -f "$p" ] || continue
   pages=$((pages + 1))
-  base=$(basename "$p" .3)
+  sect=${p##*.}
+  base=$(basename "$p" ".$sect")
   if head -1 "$p" | grep -q '^\.so '; then
     target=$(head -1 "$p" | awk '{print $2}')
     [ -f "$mandir/$target" ] || bad "$base.3 links to missing $target"
@@ -38,7 +39,7 @@ for p in "$mandir"/man3/*.3; do
   awk '/^\.SH "?NAME/{f=1; next} /^\.SH/{f=0} f' "$p" | grep -qE "\\b$base\\b" ||
     bad "$base.3: NAME does not name $base"
   if command -v groff >/dev/null; then
-    warn=$(cd "$mandir" && groff -man -Tutf8 -ww -z "man3/$base.3" 2>&1)
+    warn=$(cd "$mandir" && groff -man -Tutf8 -ww -z "man$sect/$base.$sect" 2>&1)
     [ -z "$warn" ] || bad "$base.3 renders with warnings: $warn"
   fi
 done
