@@ -12,8 +12,9 @@ bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 
 for h in "$@"; do
   [ -f "$h" ] || { bad "header $h not found"; continue; }
-  # Declarations outside comments: strip /* */ and // comments, then take cxr_x( names.
-  for fn in $(perl -0pe 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g' "$h" | grep -oE '\bcxr_[a-z0-9_]+\(' |
+  # Declarations outside comments: strip /* */ and // comments, then take cxr_x( names
+  # (not cxr__x: internal helpers that inline functions and macros of the header call).
+  for fn in $(perl -0pe 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g' "$h" | grep -oE '\bcxr_[a-z0-9][a-z0-9_]*\(' |
               tr -d '(' | sort -u); do
     names=$((names + 1))
     [ -f "$mandir/man3/$fn.3" ] || bad "$fn ($h) has no page man3/$fn.3"
