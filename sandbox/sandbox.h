@@ -76,7 +76,7 @@ int cxr_seal_table_create(cxr_seal_table **t, const cxr_seal_opts *o);
 int cxr_seal_table_fd(const cxr_seal_table *t);
 /* Sender: maps the table read-only from the receiver's fd (dup'ed; the caller keeps fd). */
 int cxr_seal_table_attach(cxr_seal_table **t, int fd, const cxr_seal_opts *o);
-/* Unmaps; a sender first restores write access to everything done or pending. */
+/* Unmaps; a sender first sweeps pending releases (seals never released stay read-only). */
 void cxr_seal_table_close(cxr_seal_table *t);
 
 /* Receiver: the sender's process and the heap its arguments must lie in. Without a peer
