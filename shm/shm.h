@@ -25,7 +25,7 @@ typedef struct cxr_init_opts {
 } cxr_init_opts;
 
 void cxr_init_opts_init(cxr_init_opts *o);
-/* Reserves the window (PROT_NONE, MAP_NORESERVE) and checks the root. Idempotent: later
+/* Reserves the window (PROT_NONE, via libpmem2) and checks the root. Idempotent: later
  * calls with other options return CXR_EBUSY. Every other call runs it with defaults. */
 int cxr_init(const cxr_init_opts *o);
 const char *cxr_root(void);
@@ -76,7 +76,7 @@ const char *cxr_heap_name(const cxr_heap *h);
 int cxr_heap_set_root(cxr_heap *h, void *p);
 void *cxr_heap_get_root(const cxr_heap *h);
 
-/* Real cache-line flush on DAX (libpmem2), msync-free no-op cost on tmpfs. */
+/* Real cache-line flush on DAX (libpmem2); elsewhere (tmpfs too) an msync of the pages. */
 int cxr_heap_persist(cxr_heap *h, const void *p, size_t len);
 
 typedef struct cxr_heap_stats {
