@@ -99,11 +99,17 @@ static void ensure_altstack(void) {
   pthread_setspecific(altstack_key, mem);
 }
 
-int cxr_sandbox_run(int (*fn)(void *arg), void *arg) {
-  if (!fn) return CXR_EINVAL;
+int cxr__sandbox_prepare(void) {
   pthread_once(&once, install);
   if (install_rc) return install_rc;
   if (!altstack_done) ensure_altstack();
+  return 0;
+}
+
+int cxr_sandbox_run(int (*fn)(void *arg), void *arg) {
+  if (!fn) return CXR_EINVAL;
+  int rc = cxr__sandbox_prepare();
+  if (rc) return rc;
   frame f;
   f.prev = cur;
   f.pkru = cxr__domain_enter();
@@ -119,7 +125,7 @@ int cxr_sandbox_run(int (*fn)(void *arg), void *arg) {
   }
   cur = &f;
   atomic_signal_fence(memory_order_seq_cst);
-  int rc = fn(arg);
+  rc = fn(arg);
   atomic_signal_fence(memory_order_seq_cst);
   cur = f.prev;
   cxr__domain_leave(f.pkru);

@@ -30,6 +30,13 @@ static const int allowed[] = {
 };
 
 int cxr_sandbox_restrict_thread(void) {
+  /* What the sandbox sets up once per process (fault handlers, the protection-key probe)
+   * or per thread (the alternate signal stack) needs system calls this policy forbids:
+   * done first, or a restricted thread that is the first to use them would fail for the
+   * whole process (sigaction refused: every cxr_sandbox_run CXR_EIO). */
+  int prep = cxr__sandbox_prepare();
+  if (prep) return prep;
+  (void)cxr_domain_supported();
   scmp_filter_ctx c = seccomp_init(SCMP_ACT_ERRNO(EPERM));
   if (!c) return CXR_ENOMEM;
   int rc = 0;

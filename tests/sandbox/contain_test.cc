@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -264,6 +266,24 @@ TEST(ThreadPolicy, RestrictedHandlerFaultsAreStillContained) {
   ASSERT_EQ(pthread_create(&th, nullptr, restricted_fault, &rc), 0);
   ASSERT_EQ(pthread_join(th, nullptr), 0);
   EXPECT_EQ(rc, CXR_EBADPTR);
+}
+
+// The test above alone in a new process, where no earlier test has used the sandbox: the
+// restricted thread is the first (as an untrusted server's worker is under
+// CXRPC_SANDBOX_THREADS), and the fault handlers must be in place before its policy forbids
+// sigaction (they were not: every cxr_sandbox_run of that process returned CXR_EIO).
+TEST(ThreadPolicy, FirstSandboxUseOnARestrictedThreadInAFreshProcess) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/proc/self/exe", "contain_test",
+          "--gtest_filter=ThreadPolicy.RestrictedHandlerFaultsAreStillContained", (char *)nullptr);
+    _exit(127);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "the restricted thread's sandbox failed in a fresh process";
 }
 
 }  // namespace
