@@ -153,7 +153,7 @@ int cxr_call_set_result_ranges(cxr_call *call, const cxr_range *r, size_t n);
 typedef struct cxr_peer {
   int pid;             /* -1 for a remote peer */
   unsigned uid;
-  char host[64];       /* "" in the pod, else the remote address */
+  char host[64];       /* "" in the pod, else "hostname/pid" as the remote client sent it */
   bool trusted;
 } cxr_peer;
 int cxr_call_peer(cxr_call *call, cxr_peer *out);
