@@ -173,7 +173,7 @@ int cxr_rdma_stats_get(const cxr_rdma *r, cxr_rdma_stats *out);
  * atomics) and theirs; both write the victim word with plain 8-byte writes (atomic between
  * CPU and NIC, unlike mixing CPU and NIC atomics on one word). The head of each cohort's
  * MCS queue competes with the other cohort's head by Peterson's algorithm; the lock passes
- * inside a cohort without competing up to `budget` times, then the next holder competes,
+ * inside a cohort without competing up to `budget` - 1 times, then the next holder competes,
  * which lets a waiting cohort in. No local access ever goes through the NIC. */
 enum { CXR_ALOCK_SLOTS = 64, CXR_ALOCK_BUDGET = 5 };
 
@@ -188,7 +188,7 @@ typedef struct cxr_alock {
   uint64_t rtail;   /* remote MCS tail: UCX atomics only */
   uint64_t ltail;   /* local MCS tail: CPU atomics only */
   uint64_t victim;  /* Peterson: plain 8-byte writes from both cohorts */
-  uint64_t budget;  /* in-cohort handoffs before competing (set at init) */
+  uint64_t budget;  /* holders in a row per cohort before one competes (set at init) */
   uint64_t pad[4];
   cxr_alock_node lnodes[CXR_ALOCK_SLOTS];  /* pod processes (CPU only) */
   cxr_alock_node rnodes[CXR_ALOCK_SLOTS];  /* remote hosts (UCX only) */
