@@ -234,7 +234,11 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
   rc = cxr__reg_range(&r, size, o->addr, &addr);
   if (rc) goto out;
   if (o->path) {
-    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, o->mode ? o->mode : 0600);
+    /* A file (or device) already there is the caller's: used, but never removed if the
+     * create fails below. Only a file made here is. */
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, o->mode ? o->mode : 0600);
+    if (fd >= 0) created_file = true;
+    else if (errno == EEXIST) fd = open(path, O_RDWR | O_CLOEXEC);
   } else {
     fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, o->mode ? o->mode : 0600);
     if (fd < 0 && errno == EEXIST) {
@@ -248,7 +252,7 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
     rc = cxr__from_errno(errno);
     goto out;
   }
-  created_file = !o->path || !cxr__is_device(path);
+  if (!o->path) created_file = true;
   struct stat st;
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
     if (fchmod(fd, o->mode ? o->mode : 0600) != 0 || ftruncate(fd, (off_t)size) != 0) {

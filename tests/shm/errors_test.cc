@@ -6,6 +6,8 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
+#include <signal.h>
 
 #include <set>
 
@@ -215,6 +217,45 @@ TEST(Errors, AddressRangeAlreadyTaken) {
   cxr_heap_close(a);
   EXPECT_EQ(cxr_heap_unlink(na.c_str()), 0);
   EXPECT_EQ(cxr_heap_unlink(nb.c_str()), 0);
+}
+
+TEST(Errors, AFailedCreateRemovesOnlyAFileItMade) {
+  // An explicit path naming a file that already exists: a create that fails after opening
+  // it (here: the size is over RLIMIT_FSIZE, so ftruncate fails) leaves the file as it was;
+  // a file the create made itself is removed again.
+  std::string existing = g_root + "-precious.img", fresh = g_root + "-fresh.img";
+  FILE *f = fopen(existing.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("precious", f);
+  fclose(f);
+  std::string first = uniq("first");  // the registry file exists before the limit is set
+  cxr_heap *made = nullptr;
+  ASSERT_EQ(cxr_heap_create(&made, first.c_str(), 2 << 20, nullptr), 0);
+  cxr_heap_close(made);
+  EXPECT_EQ(cxr_heap_unlink(first.c_str()), 0);
+  pid_t pid = spawn([&]() -> int {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {1 << 20, 1 << 20};  /* above the registry file, below the heap */
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) return 10;
+    cxr_heap *h = nullptr;
+    cxr_heap_opts o;
+    cxr_heap_opts_init(&o);
+    o.path = existing.c_str();
+    int dbg = cxr_heap_create(&h, uniq("precious").c_str(), 2 << 20, &o);
+    if (dbg == 0) return 11;
+    o.path = fresh.c_str();
+    if (cxr_heap_create(&h, uniq("fresh").c_str(), 2 << 20, &o) == 0) return 12;
+    return 0;
+  });
+  ASSERT_EQ(wait_child(pid), 0);
+  char buf[16] = {0};
+  f = fopen(existing.c_str(), "r");
+  ASSERT_NE(f, nullptr) << "a failed create deleted a file it did not make";
+  EXPECT_NE(fgets(buf, sizeof buf, f), nullptr);
+  fclose(f);
+  EXPECT_STREQ(buf, "precious");
+  EXPECT_NE(access(fresh.c_str(), F_OK), 0) << "a failed create left its own file behind";
+  unlink(existing.c_str());
 }
 
 TEST(Errors, ExplicitPathLikeADaxDeviceWithCacheLinePersistence) {
