@@ -279,8 +279,9 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
   static const cxr_call_opts defaults; /* what cxr_call_opts_init gives: all zero */
   if (o == NULL) o = &defaults;
   if (o->deadline_ns < 0 || (o->flags & ~(unsigned)(CXR_CALL_SEAL | CXR_CALL_INLINE)) ||
+      (o->flags & (CXR_CALL_SEAL | CXR_CALL_INLINE)) == (CXR_CALL_SEAL | CXR_CALL_INLINE) ||
       (o->ranges == NULL && o->nranges != 0))
-    return CXR_EINVAL;
+    return CXR_EINVAL; /* an inline copy cannot be sealed: the server could never check it */
   cxr__desc d;
   cxr__desc_set(&d, 0, method, o->flags);
   if (o->flags & CXR_CALL_INLINE) {
@@ -340,8 +341,8 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
 
 int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
                   const cxr_call_opts *o) {
+  if (result != NULL) *result = NULL; /* also when the call is never sent, pod or remote */
   if (c != NULL && c->remote) return cxr__remote_call(c, method, args, result, o);
-  if (result != NULL) *result = NULL;
   cxr_future *f;
   int rc = cxr_conn_call_async(c, method, args, &f, o);
   if (rc != 0) return rc;
@@ -368,8 +369,8 @@ int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
 
 int cxr_future_poll(cxr_future *f, void **result) {
   if (f == NULL || f->c == NULL) return CXR_EINVAL;
-  if (f->c->remote) return cxr__remote_future_poll(f, result);
   if (result) *result = NULL;
+  if (f->c->remote) return cxr__remote_future_poll(f, result);
   cxr_conn *c = f->c;
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (!final(s)) {
@@ -394,8 +395,8 @@ int cxr_future_poll(cxr_future *f, void **result) {
 
 int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
   if (f == NULL || f->c == NULL || timeout_ns < 0) return CXR_EINVAL;
-  if (f->c->remote) return cxr__remote_future_wait(f, timeout_ns, result);
   if (result) *result = NULL;
+  if (f->c->remote) return cxr__remote_future_wait(f, timeout_ns, result);
   int64_t until = timeout_ns == 0 ? INT64_MAX : cxr_now_ns() + timeout_ns;
   if (until < 0) until = INT64_MAX;
   if (wait_entry(f->c, f, until) != 0) return CXR_EAGAIN;

@@ -236,7 +236,10 @@ static unsigned count_ready(cxr_channel *ch) {
 }
 
 /* Refills the pool up to o.pool ready slots. Returns how many were made ready. */
-static unsigned refill(cxr_channel *ch) {
+/* Makes slots ready up to the pool size. Returns how many it made; *err (if not NULL) gets
+ * the error that stopped it, or 0. */
+static unsigned refill(cxr_channel *ch, int *err) {
+  if (err) *err = 0;
   unsigned ready = count_ready(ch), made = 0, soon = 0;
   /* Slots being recycled will be ready shortly: do not make new heap files for them. */
   for (unsigned k = 0; k < ch->o.max_conns; k++) {
@@ -253,6 +256,7 @@ static unsigned refill(cxr_channel *ch) {
       int rc = sconn_make_ready(ch, sc);
       if (rc != 0) {
         CXR_WARN("channel %s: cannot prepare connection %u: %s", ch->name, k, cxr_strerror(rc));
+        if (err) *err = rc;
         pass = 2;
         break;
       }
@@ -310,7 +314,7 @@ static bool manage_once(cxr_channel *ch, bool check_liveness) {
       else again = true;
     }
   }
-  refill(ch);
+  refill(ch, NULL);
   return again;
 }
 
@@ -379,6 +383,7 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
   if (o.ring_slots == 0) o.ring_slots = 256;
   if (o.max_conns == 0) o.max_conns = 64;
   if (o.workers == 0) o.workers = 1;
+  if (o.pool == 0) o.pool = o.max_conns < 4 ? o.max_conns : 4;
   if (o.peer_timeout_ns == 0) o.peer_timeout_ns = 100000000;
   if ((o.ring_slots & (o.ring_slots - 1)) != 0 || o.ring_slots < 2 || o.ring_slots > CXR__MAX_RING ||
       o.max_conns > CXR__MAX_CONNS || o.pool > o.max_conns || o.workers > 64 ||
@@ -440,8 +445,11 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
     ch->conns[k].index = k;
     ch->conns[k].slot = &cb->slots[k];
   }
-  /* The pool is filled before anyone can see the channel, so the first connect is fast. */
-  refill(ch);
+  /* The pool is filled before anyone can see the channel, so the first connect is fast. A
+   * first connection heap that cannot be made (too small for a heap, no space) fails the
+   * open: otherwise every connect would time out waiting for it. */
+  refill(ch, &rc);
+  if (rc != 0) goto fail;
   CXR__ST(&cb->state, CXR__CHAN_OPEN);
   if ((rc = cxr_heap_set_root(ch->ctl, cb)) != 0) goto fail;
   if (opts && opts->listen && (rc = cxr__remote_listen(ch, opts->listen)) != 0) goto fail;

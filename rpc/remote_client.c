@@ -480,8 +480,9 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
     o = &def;
   }
   if (o->deadline_ns < 0 || (o->flags & ~(unsigned)(CXR_CALL_SEAL | CXR_CALL_INLINE)) ||
+      (o->flags & (CXR_CALL_SEAL | CXR_CALL_INLINE)) == (CXR_CALL_SEAL | CXR_CALL_INLINE) ||
       (o->ranges == NULL && o->nranges != 0) || o->nranges > R_MAX_RANGES)
-    return CXR_EINVAL;
+    return CXR_EINVAL; /* SEAL|INLINE: refused as in the pod, where it cannot work */
   /* The ranges to ship: given, or the heap block at args. Sealing has nothing to protect
    * here: the server reads its own private replica. */
   cxr_range one;

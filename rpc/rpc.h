@@ -9,7 +9,8 @@
  * its own heap mapped at the same address in both processes. A call passes a pointer to
  * arguments built in that heap; the handler builds its result in the same heap
  * (cxr_call_heap) and the client receives the pointer. The client owns the result and frees
- * it with cxr_heap_free(cxr_conn_heap(c), result).
+ * it with cxr_conn_free(c, result) (in the pod that is cxr_heap_free on the connection heap;
+ * across racks the result lives in the server's heap, replicated here).
  *
  * Targets: "name" (a channel in this pod's registry, over shared memory) or
  * "ucx://HOST:PORT/name" (a channel in another rack, over UCX).
@@ -88,8 +89,10 @@ enum {
 typedef struct cxr_call_opts {
   int64_t deadline_ns;        /* relative timeout in ns; 0 = the connection's default */
   unsigned flags;             /* CXR_CALL_* */
-  size_t arg_len;             /* bytes at args: sealed (page-rounded) or copied inline;
-                                 0 = the usable size of the heap block at args */
+  size_t arg_len;             /* bytes at args: sealed (page-rounded), copied inline, or
+                                 what the handler's cxr_call_arg_len reports; 0 on a sealed
+                                 or remote call = the usable size of the heap block at args
+                                 (a plain pod call then reports 0) */
   const cxr_range *ranges;    /* remote calls: the byte ranges of the argument graph to
                                  ship into the replica; NULL = [args, args + arg_len) */
   size_t nranges;
@@ -104,7 +107,8 @@ int cxr_channel_open(cxr_channel **ch, const char *name, const cxr_channel_opts 
 int cxr_channel_on(cxr_channel *ch, uint32_t method, cxr_handler fn, void *user);
 int cxr_channel_serve(cxr_channel *ch);   /* runs until cxr_channel_stop; 0 when stopped */
 int cxr_channel_start(cxr_channel *ch);   /* serves on background threads instead */
-void cxr_channel_stop(cxr_channel *ch);   /* safe from any thread or a signal-free context */
+void cxr_channel_stop(cxr_channel *ch);   /* from any thread (it may join the serving
+                                             threads), not from a signal handler */
 void cxr_channel_close(cxr_channel *ch);
 
 /* ---- client ---- */

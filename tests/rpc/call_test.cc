@@ -111,7 +111,15 @@ TEST_F(Call, ArgumentsAreChecked) {
   void *p = cxr_heap_alloc(h, 64);
   EXPECT_EQ(cxr_conn_call(c, M_NOOP, p, &res, &o), CXR_EINVAL);  // sealed args start on a page
   cxr_heap_free(h, p);
+  // An inline copy cannot be sealed (the server would answer CXR_ENOTSEALED every time).
+  int64_t small = 7;
+  o = inline_opts(sizeof small);
+  o.flags |= CXR_CALL_SEAL;
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, &small, &res, &o), CXR_EINVAL);
+  // A call that is never sent leaves no stale pointer behind.
+  res = &local;
   EXPECT_EQ(cxr_conn_call(nullptr, M_NOOP, nullptr, &res, nullptr), CXR_EINVAL);
+  EXPECT_EQ(res, nullptr);
   cxr_conn *c2;
   // The remote transport (rpc/remote.c): nobody listens there, so the connect fails cleanly.
   EXPECT_EQ(cxr_connect(&c2, "ucx://127.0.0.1:1/x", nullptr), CXR_ENOTCONN);
@@ -536,6 +544,32 @@ TEST(CallLimits, FullChannelAndRestartedServing) {
   EXPECT_EQ(cxr_channel_open(&ch, name.c_str(), &o), CXR_EINVAL);
   std::string longname(40, 'a');
   EXPECT_EQ(cxr_channel_open(&ch, longname.c_str(), nullptr), CXR_ENAMETOOLONG);
+}
+
+TEST(CallLimits, ZeroedOptionsMeanDefaultsAndUnusableOnesFailTheOpen) {
+  // A zeroed options struct (no _init): pool 0 is the default pool, so a client connects
+  // (before, no slot was ever made ready and every connect timed out).
+  std::string name = uniq("zero");
+  cxr_channel_opts o;
+  memset(&o, 0, sizeof o);
+  cxr_channel *ch;
+  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
+  ASSERT_EQ(register_methods(ch), 0);
+  ASSERT_EQ(cxr_channel_start(ch), 0);
+  cxr_conn_opts co;
+  cxr_conn_opts_init(&co);
+  co.connect_timeout_ns = 2000000000;
+  cxr_conn *c = nullptr;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), &co), 0);
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(c);
+  cxr_channel_close(ch);
+  // Connection heaps too small to be heaps (few ring slots pass the ring check): the open
+  // fails with the heap's error instead of leaving a channel nobody can connect to.
+  cxr_channel_opts_init(&o);
+  o.ring_slots = 2;
+  o.conn_heap_size = 64u << 10;
+  EXPECT_EQ(cxr_channel_open(&ch, uniq("small").c_str(), &o), CXR_EINVAL);
 }
 
 }  // namespace
