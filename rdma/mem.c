@@ -272,6 +272,13 @@ int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **out, ui
     }
   pthread_mutex_unlock(&r->lock);
   if (blob == NULL) return CXR_ENOENT;
+  /* An endpoint that failed, or that a missed deadline ended (finish() below), has no UCX
+   * endpoint left to unpack a key for: its status, as every operation on it returns. */
+  int st0 = atomic_load(&ep->status);
+  if (st0 != 0 || ep->uep == NULL) {
+    free(blob);
+    return st0 != 0 ? st0 : CXR_ENOTCONN;
+  }
   cxr_rdma_rkey *k = calloc(1, sizeof *k);
   if (k == NULL) {
     free(blob);

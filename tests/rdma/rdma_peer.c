@@ -1,5 +1,6 @@
 /* A real peer process for the rdma tests.
- *   rdma_peer serve ADDR:PORT [export_bytes]: listens, exports "mem" (bytes i & 0xff),
+ *   rdma_peer serve ADDR:PORT [export_bytes]: listens, exports "mem" (bytes i & 0xff) and
+ *     "spare" (4 KiB),
  *     echoes messages 20 -> 21, prints "READY <port> <mem address>", runs until stdin
  *     reaches EOF or it is killed.
  *   rdma_peer client: prints "READY", then runs commands from stdin, one answer line each:
@@ -99,6 +100,9 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < len; i++) mem[i] = (unsigned char)i;
   cxr_rdma_mr *mr;
   rc = cxr_rdma_export(r, "mem", mem, len, &mr);
+  static unsigned char spare[4096] __attribute__((aligned(4096)));
+  cxr_rdma_mr *spare_mr;
+  if (rc == 0) rc = cxr_rdma_export(r, "spare", spare, sizeof spare, &spare_mr);
   if (rc == 0) rc = cxr_rdma_am_set(r, 20, echo, NULL);
   if (rc) {
     fprintf(stderr, "rdma_peer: export: %s\n", cxr_strerror(rc));

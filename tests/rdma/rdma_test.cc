@@ -191,6 +191,32 @@ TEST(Rdma, OneSidedGetPutAndAtomicsOnExportedMemory) {
   cxr_rdma_close(r);
 }
 
+TEST(Rdma, AnEndpointEndedByAMissedDeadlineRefusesNewKeys) {
+  // A get that misses its deadline ends the endpoint (UCX cannot cancel a transfer). A key
+  // the endpoint has not looked up yet is then refused with its status: it used to reach
+  // UCX with no endpoint left and crash the process.
+  Peer peer;
+  cxr_rdma *r;
+  cxr_rdma_ep *ep;
+  ASSERT_NO_FATAL_FAILURE(open_and_connect(peer, &r, &ep));
+  cxr_rdma_rkey *rk, *spare;
+  uint64_t base;
+  size_t len;
+  ASSERT_EQ(cxr_rdma_rkey_get(ep, "mem", &rk, &base, &len), 0);
+  ASSERT_EQ(kill(peer.p.pid, SIGSTOP), 0);  // alive, but answers nothing
+  int st = 0;
+  ASSERT_EQ(waitpid(peer.p.pid, &st, WUNTRACED), peer.p.pid);  // stopped by now
+  ASSERT_TRUE(WIFSTOPPED(st));
+  unsigned char b[8];
+  EXPECT_EQ(cxr_rdma_get(ep, rk, base, b, sizeof b, cxr_now_ns() + kSec / 4), CXR_ETIMEDOUT);
+  EXPECT_NE(cxr_rdma_ep_status(ep), 0);
+  EXPECT_EQ(cxr_rdma_rkey_get(ep, "spare", &spare, nullptr, nullptr), cxr_rdma_ep_status(ep));
+  EXPECT_EQ(cxr_rdma_get(ep, rk, base, b, sizeof b, 0), cxr_rdma_ep_status(ep));
+  kill(peer.p.pid, SIGCONT);
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+}
+
 TEST(Rdma, UnreachableHostsFailClearlyWithinTheDeadline) {
   cxr_rdma *r;
   ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
