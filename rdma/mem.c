@@ -207,10 +207,20 @@ int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma
   if (dup) return CXR_EEXIST;
   int rc = reg(r, p, len, false, true, mr);
   if (rc) return rc;
+  /* Named only if nobody exported the name meanwhile (checked again under the lock: two
+   * threads exporting one name could both pass the check above). */
   pthread_mutex_lock(&r->lock);
-  snprintf((*mr)->name, sizeof (*mr)->name, "%s", name);
-  (*mr)->exported = true;
+  for (cxr_rdma_mr *m = r->mrs; m; m = m->next) dup |= m != *mr && m->exported && !strcmp(m->name, name);
+  if (!dup) {
+    snprintf((*mr)->name, sizeof (*mr)->name, "%s", name);
+    (*mr)->exported = true;
+  }
   pthread_mutex_unlock(&r->lock);
+  if (dup) {
+    cxr_rdma_dereg(*mr);
+    *mr = NULL;
+    return CXR_EEXIST;
+  }
   return 0;
 }
 

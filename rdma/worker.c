@@ -536,7 +536,10 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
     cxr_rdma_opts_init(&def);
     o = &def;
   }
-  if (o->pool > POOL_MAX || o->spin_ns < 0) return CXR_EINVAL;
+  if (o->pool > POOL_MAX || o->spin_ns < 0 ||
+      (o->pin_mode != CXR_RDMA_PIN_AUTO && o->pin_mode != CXR_RDMA_PIN_ALWAYS &&
+       o->pin_mode != CXR_RDMA_PIN_NEVER))
+    return CXR_EINVAL;
   struct sockaddr_in lsa;
   if (o->listen != NULL) {
     int rc = parse_hostport(o->listen, &lsa);

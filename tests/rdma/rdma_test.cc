@@ -9,6 +9,7 @@
 #include <atomic>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cxrpc/rdma.h>
@@ -214,6 +215,41 @@ TEST(Rdma, AnEndpointEndedByAMissedDeadlineRefusesNewKeys) {
   EXPECT_EQ(cxr_rdma_get(ep, rk, base, b, sizeof b, 0), cxr_rdma_ep_status(ep));
   kill(peer.p.pid, SIGCONT);
   cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+}
+
+TEST(Rdma, OneNameOneExportEvenWhenThreadsRace) {
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.pin_mode = 7;  // not a CXR_RDMA_PIN_* value
+  cxr_rdma *r = nullptr;
+  EXPECT_EQ(cxr_rdma_open(&r, &o), CXR_EINVAL);
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  // Two threads export one name at once, many times: exactly one wins each time (the
+  // name was checked before registering only, so both could win).
+  std::vector<char> a(4 << 20), b(4 << 20);
+  for (int i = 0; i < 50; i++) {
+    std::string name = "race" + std::to_string(i);
+    cxr_rdma_mr *ma = nullptr, *mb = nullptr;
+    int ra = 0, rb = 0;
+    std::atomic<int> ready{0};
+    auto start = [&] {  // both threads leave together
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+    };
+    std::thread t([&] {
+      start();
+      ra = cxr_rdma_export(r, name.c_str(), a.data(), a.size(), &ma);
+    });
+    start();
+    rb = cxr_rdma_export(r, name.c_str(), b.data(), b.size(), &mb);
+    t.join();
+    EXPECT_EQ((ra == 0) + (rb == 0), 1) << i << ": " << ra << " " << rb;
+    EXPECT_TRUE(ra == CXR_EEXIST || rb == CXR_EEXIST) << i;
+    cxr_rdma_dereg(ma);
+    cxr_rdma_dereg(mb);
+  }
   cxr_rdma_close(r);
 }
 
