@@ -44,6 +44,7 @@ typedef struct rsconn {
 typedef struct rjob {
   struct rjob *next;
   cxr_rdma_msg *m;
+  int64_t arrived;  /* cxr_now_ns() when the progress thread received it */
 } rjob;
 
 struct cxr__rlisten {
@@ -324,7 +325,8 @@ static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, siz
   c->nres++;
 }
 
-static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c);
+static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c,
+                     int64_t arrived);
 
 static bool was_cancelled(rsconn *c, uint64_t call_id) {
   bool hit = false;
@@ -355,15 +357,16 @@ static void on_cancel(cxr_rdma_msg *m, void *user) {
   rs_put(l, c);
 }
 
-/* One call: find its connection and hold it while the handler runs. */
-static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m) {
+/* One call: find its connection and hold it while the handler runs. arrived: when the
+ * progress thread received it (its deadline counts from then, queueing included). */
+static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m, int64_t arrived) {
   size_t hl;
   const r_call *hp = cxr_rdma_msg_hdr(m, &hl);
   if (hl != sizeof *hp || hp->magic != R_MAGIC) return;
   r_call h = *hp;
   rsconn *c = rs_get(l, h.conn_id);
   if (c == NULL) return reply_call(m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
-  run_call(l, m, &h, c);
+  run_call(l, m, &h, c, arrived);
   rs_put(l, c);
 }
 
@@ -377,7 +380,7 @@ static void *worker_main(void *arg) {
     l->qhead = j->next;
     if (l->qhead == NULL) l->qtail = NULL;
     pthread_mutex_unlock(&l->qlock);
-    handle_call(l, j->m);
+    handle_call(l, j->m, j->arrived);
     cxr_rdma_msg_free(j->m);
     free(j);
     pthread_mutex_lock(&l->qlock);
@@ -389,13 +392,15 @@ static void *worker_main(void *arg) {
 /* On the progress thread: run it here (one worker) or hand it to the workers. */
 static void on_call(cxr_rdma_msg *m, void *user) {
   struct cxr__rlisten *l = user;
-  if (l->nworkers == 0) return handle_call(l, m);
+  int64_t arrived = cxr_now_ns();
+  if (l->nworkers == 0) return handle_call(l, m, arrived);
   rjob *j = malloc(sizeof *j);
   pthread_mutex_lock(&l->qlock);
   bool take = j != NULL && !l->qstop;
   if (take) {
     cxr_rdma_msg_keep(m);
     j->m = m;
+    j->arrived = arrived;
     j->next = NULL;
     if (l->qtail) l->qtail->next = j; else l->qhead = j;
     l->qtail = j;
@@ -410,7 +415,8 @@ static void on_call(cxr_rdma_msg *m, void *user) {
   }
 }
 
-static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c) {
+static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c,
+                     int64_t arrived) {
   cxr_channel *ch = l->ch;
   size_t dl;
   const char *d = cxr_rdma_msg_data(m, &dl);
@@ -440,19 +446,22 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
   }
   const cxr__method *me = NULL;
   void *result = NULL;
+  /* deadline_rel comes from the peer: no overflow whatever it says. */
+  int64_t deadline = h.deadline_rel > INT64_MAX - arrived ? INT64_MAX : arrived + h.deadline_rel;
   if (!__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE) || __atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
     st = CXR_EAGAIN;  /* opened but not serving (yet, or any more) */
   else if ((me = cxr__method_find(ch, h.method)) == NULL)
     st = CXR_ENOMETHOD;
-  else if (h.deadline_rel <= 0)
-    st = CXR_ETIMEDOUT;
-  else if (was_cancelled(c, h.call_id)) {
+  else if (h.deadline_rel <= 0 || cxr_now_ns() > deadline) {
+    st = CXR_ETIMEDOUT;  /* expired before it got here, or while it waited for a worker */
+    CXR__ADD(&ctr->expired, 1);
+  } else if (was_cancelled(c, h.call_id)) {
     st = CXR_ECANCELED;  /* cancelled while it waited for a worker: not run */
     CXR__ADD(&ctr->cancelled, 1);
   }
   if (st == 0) {
-    /* The client's clock is not ours: its deadline arrives as time left. */
-    call.deadline = cxr_now_ns() + h.deadline_rel;
+    /* The client's clock is not ours: its deadline arrives as time left, from arrival. */
+    call.deadline = deadline;
     st = cxr__dispatch(&call, me->fn, me->user, &result);
     if (st > 0 || st < CXR_ERRNO_MIN) st = CXR_EIO;
   }

@@ -250,6 +250,19 @@ TEST_F(NetnsRemote, ASlowHandlerHoldsUpNeitherOtherCallsNorConnects) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, ACallWhoseDeadlinePassesInTheQueueDoesNotRun) {
+  // Both workers sleep 1 s; a call with a 200 ms deadline waits behind them. Its deadline
+  // counts from its arrival, so no worker runs it later (it used to count from when a
+  // worker took it, and the handler ran though the caller had long given up).
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  EXPECT_EQ(ask(a, "queued 200", 15000), "ok " + std::to_string(CXR_ETIMEDOUT) + " 0");
+  EXPECT_EQ(ask(a, "noop 2500"), "ok");
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST_F(NetnsRemote, ACancelledCallStopsItsHandlerInTheOtherRack) {
   // The server runs handlers on two workers; the progress thread takes the client's CANCEL
   // while the handler works, and the handler sees it (cxr_call_cancelled) and stops long

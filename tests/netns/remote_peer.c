@@ -15,6 +15,9 @@
  *                            until that handler stopped: "ok <started> <stopped>" (the
  *                            server's counts of such handlers) | "err <code>"
  *       cycles N          -> N times connect + call + close: "ok" | first failure
+ *       queued DL         -> two calls that sleep 1 s occupy the server's two workers, and a
+ *                            spin call with a deadline of DL ms waits behind them; then
+ *                            "ok <spin call's code> <spin handlers started>"
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -318,6 +321,32 @@ static int client(const char *t) {
       else if (counts == NULL) printf("err %d\n", CXR_ETIMEDOUT);
       else printf("ok %lld %lld\n", (long long)counts[0], (long long)counts[1]);
       cxr_conn_free(conn, counts);
+    } else if (sscanf(line, "queued %ld", &a) == 1) {
+      int64_t *sleep_ms = cxr_heap_alloc(cxr_conn_heap(conn), sizeof *sleep_ms), spin_ms = 5000;
+      int64_t *counts = NULL;
+      cxr_future *f[3] = {NULL, NULL, NULL};
+      cxr_call_opts so, po;
+      cxr_call_opts_init(&so);
+      so.deadline_ns = 10000000000;
+      so.arg_len = sizeof *sleep_ms;
+      cxr_call_opts_init(&po);
+      po.deadline_ns = a * 1000000;
+      po.flags = CXR_CALL_INLINE;
+      po.arg_len = sizeof spin_ms;
+      int rc = sleep_ms ? 0 : CXR_ENOMEM;
+      if (rc == 0) *sleep_ms = 1000;
+      for (int i = 0; rc == 0 && i < 2; i++) rc = cxr_conn_call_async(conn, M_SLEEP, sleep_ms, &f[i], &so);
+      if (rc == 0) rc = cxr_conn_call_async(conn, M_SPIN, &spin_ms, &f[2], &po);
+      int spun = rc == 0 ? cxr_future_wait(f[2], 0, NULL) : rc;
+      for (int i = 0; i < 2; i++)
+        if (f[i] && rc == 0) rc = cxr_future_wait(f[i], 0, NULL);
+      for (int i = 0; i < 3; i++) cxr_future_free(f[i]);
+      usleep((useconds_t)(a + 300) * 1000); /* a spin that did run has started by now */
+      if (rc == 0) rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&counts, NULL);
+      if (rc) printf("err %d\n", rc);
+      else printf("ok %d %lld\n", spun, counts ? (long long)counts[0] : -1LL);
+      cxr_conn_free(conn, counts);
+      cxr_heap_free(cxr_conn_heap(conn), sleep_ms);
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
       int rc = cxr_conn_call(conn, M_WHOAMI, NULL, (void **)&pid, NULL);
