@@ -478,7 +478,7 @@ size_t cxr_heap_size(const cxr_heap *h) { return cxr__heap_check(h) == 0 ? h->si
 
 const char *cxr_heap_name(const cxr_heap *h) {
   if (cxr__heap_check(h) != 0) return cxr__fail_null(CXR_EINVAL);
-  return h->hdr->name;
+  return h->m->name; /* our copy, checked at open: any holder can write the header's */
 }
 
 int cxr_heap_set_root(cxr_heap *h, void *p) {

@@ -219,6 +219,22 @@ TEST(Errors, AddressRangeAlreadyTaken) {
   EXPECT_EQ(cxr_heap_unlink(nb.c_str()), 0);
 }
 
+TEST(Errors, TheHeapNameComesFromOurCopyNotTheSharedHeader) {
+  // Any holder can write the header: one that overwrites the name (no NUL left) changes
+  // nothing for what cxr_heap_name tells us, nor reads past the field.
+  std::string name = uniq("named");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, nullptr), 0);
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  char saved[sizeof hdr->name];
+  memcpy(saved, hdr->name, sizeof saved);
+  memset(hdr->name, 'X', sizeof hdr->name);
+  EXPECT_STREQ(cxr_heap_name(h), name.c_str());
+  memcpy(hdr->name, saved, sizeof saved);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
+
 TEST(Errors, AFailedCreateRemovesOnlyAFileItMade) {
   // An explicit path naming a file that already exists: a create that fails after opening
   // it (here: the size is over RLIMIT_FSIZE, so ftruncate fails) leaves the file as it was;
