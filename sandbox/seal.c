@@ -51,7 +51,10 @@ struct cxr_seal_table {
   unsigned npend, batch;
   uint64_t plo, phi; /* hull of the pending ranges */
   bool peer_dead;
-  /* receiver */
+  /* receiver: the peer's fields are written under peer_lock (set_peer, reset) and read
+   * under it by checks, which may run on many threads while another sets the peer: a
+   * check never uses a maps descriptor that is being closed (or its number, reused). */
+  pthread_rwlock_t peer_lock;
   int peer_pid, maps_fd, sup_sock;
   uint64_t heap_lo, heap_hi, dev, ino, heap_off;
   /* counters */
@@ -100,6 +103,7 @@ static cxr_seal_table *table_new(bool sender, unsigned slots) {
   t->slots = slots;
   t->bytes = cxr__seal_bytes(slots);
   pthread_mutex_init(&t->mu, NULL);
+  pthread_rwlock_init(&t->peer_lock, NULL);
   return t;
 }
 
@@ -111,6 +115,7 @@ static void table_free(cxr_seal_table *t) {
   free(t->gen), free(t->s_addr), free(t->s_len), free(t->freel);
   free(t->live), free(t->live_pos), free(t->pend);
   pthread_mutex_destroy(&t->mu);
+  pthread_rwlock_destroy(&t->peer_lock);
   free(t);
 }
 
@@ -413,26 +418,31 @@ int cxr_seal_table_set_peer(cxr_seal_table *t, int pid, const void *heap_base, s
       return rc == CXR_ENOENT ? CXR_EINVAL : rc;
     }
   }
-  pthread_mutex_lock(&t->mu);
+  pthread_rwlock_wrlock(&t->peer_lock);
   if (t->maps_fd >= 0) close(t->maps_fd);
   t->maps_fd = fd;
   t->peer_pid = pid;
   t->heap_lo = (uintptr_t)heap_base;
   t->heap_hi = heap_base ? (uintptr_t)heap_base + heap_size : 0;
   t->dev = dev, t->ino = ino, t->heap_off = off;
-  pthread_mutex_unlock(&t->mu);
+  pthread_rwlock_unlock(&t->peer_lock);
   return 0;
 }
 
 int cxr_seal_table_enforce(cxr_seal_table *t, const char *socket) {
-  if (!t || t->sender || t->peer_pid <= 0) return CXR_EINVAL;
+  if (!t || t->sender) return CXR_EINVAL;
+  pthread_rwlock_rdlock(&t->peer_lock);
+  int peer_pid = t->peer_pid;
+  uint64_t heap_lo = t->heap_lo, heap_hi = t->heap_hi;
+  pthread_rwlock_unlock(&t->peer_lock);
+  if (peer_pid <= 0) return CXR_EINVAL;
   char path[108];
   int rc = cxr__cxrpcd_path(socket, path, sizeof path);
   if (rc) return rc;
   int s = cxr__cxrpcd_connect(path, 0);
   if (s < 0) return s;
   cxr__cxrpcd_msg m = {.magic = CXR__CXRPCD_MAGIC, .type = CXR__MSG_REGISTER,
-                       .pid = t->peer_pid, .base = t->heap_lo, .size = t->heap_hi - t->heap_lo};
+                       .pid = peer_pid, .base = heap_lo, .size = heap_hi - heap_lo};
   rc = cxr__msg_send(s, &m, t->fd);
   if (!rc) rc = cxr__msg_recv(s, &m, NULL, 2000000000);
   if (!rc && m.type != CXR__MSG_REPLY) rc = CXR_EPROTO;
@@ -450,9 +460,19 @@ int cxr_seal_table_enforce(cxr_seal_table *t, const char *socket) {
 
 bool cxr_seal_table_enforced(const cxr_seal_table *t) { return t && t->sup_sock >= 0; }
 
+static int check_locked(cxr_seal_table *t, cxr_seal_id id, const void *p, size_t len);
+
 int cxr_seal_table_check(cxr_seal_table *t, cxr_seal_id id, const void *p, size_t len) {
   if (!t || t->sender || !p || len == 0) return CXR_EINVAL;
   atomic_fetch_add_explicit(&t->n_checks, 1, memory_order_relaxed);
+  pthread_rwlock_rdlock(&t->peer_lock);
+  int rc = check_locked(t, id, p, len);
+  pthread_rwlock_unlock(&t->peer_lock);
+  return rc;
+}
+
+/* The check, with the peer's fields held still (peer_lock read-held). */
+static int check_locked(cxr_seal_table *t, cxr_seal_id id, const void *p, size_t len) {
   uint32_t s = ID_SLOT(id), g = ID_GEN(id);
   uint64_t a = (uintptr_t)p & ~(uint64_t)(CXR__PAGE - 1), e = (uintptr_t)p + len;
   if (e < (uintptr_t)p || e > UINT64_MAX - CXR__PAGE) return CXR_EBADPTR;
@@ -505,11 +525,13 @@ int cxr__seal_table_reset(cxr_seal_table *t) {
     atomic_store_explicit(&t->recs[i].len, 0, memory_order_relaxed);
   }
   atomic_thread_fence(memory_order_seq_cst);
+  pthread_rwlock_wrlock(&t->peer_lock);
   if (t->maps_fd >= 0) close(t->maps_fd);
   if (t->sup_sock >= 0) close(t->sup_sock);
   t->maps_fd = t->sup_sock = -1;
   t->peer_pid = 0;
   t->heap_lo = t->heap_hi = t->dev = t->ino = t->heap_off = 0;
+  pthread_rwlock_unlock(&t->peer_lock);
   pthread_mutex_unlock(&t->mu);
   return 0;
 }

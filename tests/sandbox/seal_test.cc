@@ -2,6 +2,9 @@
 // the sender. A shared heap file is mapped at the same window address in both.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "tests/sandbox/harness.h"
 
 using namespace sbx;
@@ -110,6 +113,31 @@ TEST_F(SealTest, CheckRefusesOutsideTheHeapAndDoubleClaims) {
   EXPECT_EQ(cxr_seal_table_check(t, id, heap.p() + 20 * 4096, 10), CXR_EBUSY);
   EXPECT_EQ(cxr_seal_table_done(t, id), 0);
   EXPECT_EQ(agent_do(&ag, AG_RELEASE, id).rc, 0);
+}
+
+TEST_F(SealTest, SettingThePeerWhileAnotherThreadChecksIsSafe) {
+  // One thread sets the peer again and again (each time a new maps descriptor, the old one
+  // closed) while this one checks seals: every check verifies with a descriptor that stays
+  // open (before, a check could read one being closed, or its number reused: errors, and a
+  // data race under TSan).
+  start(1);
+  std::atomic<bool> stop{false};
+  std::atomic<int> sets{0};
+  std::thread setter([&] {
+    while (!stop.load()) {
+      if (cxr_seal_table_set_peer(t, ag.pid, heap.p(), heap.size) == 0) sets.fetch_add(1);
+    }
+  });
+  for (int i = 0; i < 200; i++) {
+    size_t off = (size_t)(30 + i % 8) * 4096;
+    cxr_seal_id id = seal(heap.addr + off, 4096);
+    ASSERT_EQ(cxr_seal_table_check(t, id, heap.p() + off, 4096), 0) << i;
+    ASSERT_EQ(cxr_seal_table_done(t, id), 0);
+    ASSERT_EQ(agent_do(&ag, AG_RELEASE, id).rc, 0);
+  }
+  stop.store(true);
+  setter.join();
+  EXPECT_GT(sets.load(), 0);
 }
 
 TEST_F(SealTest, OverlappingSealsAreRefused) {
