@@ -373,7 +373,10 @@ int cxr_seal_table_cancel(cxr_seal_table *t, cxr_seal_id id) {
     goto out;
   }
   atomic_fetch_add_explicit(&t->n_mprotects, 1, memory_order_relaxed);
-  if (mprotect((void *)(uintptr_t)t->s_addr[s], t->s_len[s], PROT_READ | PROT_WRITE) != 0) {
+  /* ENOMEM: the sender unmapped the pages; nothing to restore, the slot is free again (as
+   * a release's sweep treats them). */
+  if (mprotect((void *)(uintptr_t)t->s_addr[s], t->s_len[s], PROT_READ | PROT_WRITE) != 0 &&
+      errno != ENOMEM) {
     rc = cxr__from_errno(errno);
     goto out;
   }

@@ -235,6 +235,16 @@ TEST(SealApi, SlotsRunOut) {
   EXPECT_EQ(cxr_seal_table_cancel(s, ids[0]), 0);
   EXPECT_EQ(cxr_seal_table_seal(s, (char *)m + 4 * 4096, 1, &ids[4]), 0);
   EXPECT_NE(ids[4], ids[0]);  // a new generation on the reused slot
+  // A seal whose pages the sender unmapped: cancelling it frees its slot (nothing is left to
+  // make writable; it used to fail with CXR_ENOMEM and hold the slot for good).
+  void *gone = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(gone, MAP_FAILED);
+  ASSERT_EQ(cxr_seal_table_cancel(s, ids[1]), 0);
+  cxr_seal_id g;
+  ASSERT_EQ(cxr_seal_table_seal(s, gone, 1, &g), 0);
+  munmap(gone, 4096);
+  EXPECT_EQ(cxr_seal_table_cancel(s, g), 0);
+  ASSERT_EQ(cxr_seal_table_seal(s, (char *)m + 1 * 4096, 1, &ids[1]), 0);  // slot back
   cxr_range r;
   ASSERT_EQ(cxr_seal_table_range(s, ids[4], &r), 0);
   EXPECT_EQ(r.p, (char *)m + 4 * 4096);
