@@ -143,7 +143,7 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   hello_rep rep = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .token = rq.token,
                    .waddr_len = (uint32_t)walen, .nexps = (uint32_t)n};
   struct iovec iov = {buf, off};
-  int rc = cxr_rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, 0);
+  int rc = cxr__rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, 0);
   if (rc) CXR_DEBUG("rdma: hello reply failed: %s", cxr_strerror(rc));
   free(buf);
 }

@@ -169,6 +169,9 @@ void cxr__op_cb(void *request, ucs_status_t status, void *user_data);
 int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline_ns);
 int64_t cxr__deadline(int64_t deadline_ns);
 void cxr__wake(cxr_rdma *r);
+/* cxr_rdma_reply for any id 1-255: the engine's own replies (ids below 16) go through it. */
+int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                    const struct iovec *iov, size_t niov, int64_t deadline_ns);
 int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
                  size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline_ns,
                  bool wait);

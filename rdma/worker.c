@@ -433,6 +433,12 @@ int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
 
 int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                    const struct iovec *iov, size_t niov, int64_t deadline_ns) {
+  if (id < CXR_RDMA_AM_USER_MIN) return CXR_EINVAL; /* below: the engine's own ids */
+  return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, deadline_ns);
+}
+
+int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                    const struct iovec *iov, size_t niov, int64_t deadline_ns) {
   if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) return CXR_EINVAL;
   if (m->reply_ep == NULL) return CXR_ENOTCONN;
   if (m->ref && atomic_load(&m->ref->status)) return atomic_load(&m->ref->status);

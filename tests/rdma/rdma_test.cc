@@ -37,6 +37,7 @@ struct Peer {
 struct Echo {
   std::atomic<int> got{0};
   std::vector<char> hdr, data;
+  std::atomic<int> low_reply{1};  // what replying with an engine id (below 16) gave
 };
 
 void on_echo(cxr_rdma_msg *m, void *user) {
@@ -46,6 +47,8 @@ void on_echo(cxr_rdma_msg *m, void *user) {
   const char *d = (const char *)cxr_rdma_msg_data(m, &dl);
   e->hdr.assign(h, h + hl);
   e->data.assign(d, d + dl);
+  // Ids below 16 are the engine's own (its hello): a reply with one is refused.
+  e->low_reply.store(cxr_rdma_reply(m, 5, "x", 1, nullptr, 0, 0));
   e->got.fetch_add(1);
 }
 
@@ -88,6 +91,7 @@ TEST(Rdma, ConnectColdThenWarmAndEchoMessages) {
   EXPECT_EQ(std::string(e.hdr.data()), "hello");
   ASSERT_EQ(e.data.size(), 100u);
   EXPECT_EQ(memcmp(e.data.data(), data, 100), 0);
+  EXPECT_EQ(e.low_reply.load(), CXR_EINVAL);
   // Large message (rendezvous).
   std::vector<char> big(3 << 20);
   for (size_t i = 0; i < big.size(); i++) big[i] = (char)(i * 7);
