@@ -322,20 +322,25 @@ static int client(const char *t) {
       else printf("ok %lld %lld\n", (long long)counts[0], (long long)counts[1]);
       cxr_conn_free(conn, counts);
     } else if (sscanf(line, "queued %ld", &a) == 1) {
-      int64_t *sleep_ms = cxr_heap_alloc(cxr_conn_heap(conn), sizeof *sleep_ms), spin_ms = 5000;
-      int64_t *counts = NULL;
+      /* Each sleeping call its own argument block: concurrent calls whose ranges overlap
+       * would land in the server's one replica of them at once. */
+      int64_t *sleep_ms[2] = {cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t)),
+                              cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t))};
+      int64_t spin_ms = 5000, *counts = NULL;
       cxr_future *f[3] = {NULL, NULL, NULL};
       cxr_call_opts so, po;
       cxr_call_opts_init(&so);
       so.deadline_ns = 10000000000;
-      so.arg_len = sizeof *sleep_ms;
+      so.arg_len = sizeof(int64_t);
       cxr_call_opts_init(&po);
       po.deadline_ns = a * 1000000;
       po.flags = CXR_CALL_INLINE;
       po.arg_len = sizeof spin_ms;
-      int rc = sleep_ms ? 0 : CXR_ENOMEM;
-      if (rc == 0) *sleep_ms = 1000;
-      for (int i = 0; rc == 0 && i < 2; i++) rc = cxr_conn_call_async(conn, M_SLEEP, sleep_ms, &f[i], &so);
+      int rc = sleep_ms[0] && sleep_ms[1] ? 0 : CXR_ENOMEM;
+      for (int i = 0; rc == 0 && i < 2; i++) {
+        *sleep_ms[i] = 1000;
+        rc = cxr_conn_call_async(conn, M_SLEEP, sleep_ms[i], &f[i], &so);
+      }
       if (rc == 0) rc = cxr_conn_call_async(conn, M_SPIN, &spin_ms, &f[2], &po);
       int spun = rc == 0 ? cxr_future_wait(f[2], 0, NULL) : rc;
       for (int i = 0; i < 2; i++)
@@ -346,7 +351,7 @@ static int client(const char *t) {
       if (rc) printf("err %d\n", rc);
       else printf("ok %d %lld\n", spun, counts ? (long long)counts[0] : -1LL);
       cxr_conn_free(conn, counts);
-      cxr_heap_free(cxr_conn_heap(conn), sleep_ms);
+      for (int i = 0; i < 2; i++) cxr_heap_free(cxr_conn_heap(conn), sleep_ms[i]);
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
       int rc = cxr_conn_call(conn, M_WHOAMI, NULL, (void **)&pid, NULL);
