@@ -152,6 +152,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
   }
   cxr__ring_init(&sc->req);
   cxr__ring_init(&sc->resp);
+  cxr__sconn_watch(sc);
   /* A new tenant's call ids start again: no cancel word of the last one may match them. */
   memset(sc->cancel, 0, ring * sizeof *sc->cancel);
   uint32_t gen = (cxr__owner_gen(CXR__LDX(&s->owner)) + 1) & 0xffffff;

@@ -149,17 +149,21 @@ static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
       cxr__sconn *sc = &ch->conns[k];
       /* live is checked before the rings are touched (see cxr__wpass). */
       if (!__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) ||
-          __atomic_load_n(&sc->retiring, __ATOMIC_RELAXED) || !cxr__ring_nonempty(&sc->req))
+          __atomic_load_n(&sc->retiring, __ATOMIC_RELAXED))
         continue;
       cxr__desc d;
       if (ch->o.workers == 1) {
-        /* One worker: it is the request rings' only consumer (no locked instruction). */
+        /* One worker: it is the request rings' only consumer (no locked instruction), and
+         * knows which slot comes next without reading the ring's head. */
+        if (CXR__LD(sc->next_seq) != sc->next_want) continue;
         for (int i = 0; i < BATCH && cxr__ring_pop_single(&sc->req, &d) == 0; i++) {
           handle(ch, sc, &d);
           n++;
         }
+        cxr__sconn_watch(sc);
         continue;
       }
+      if (!cxr__ring_nonempty(&sc->req)) continue;
       for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
         handle(ch, sc, &d);
         n++;

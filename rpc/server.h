@@ -11,6 +11,15 @@
 
 /* One connection slot as the server sees it: its own mapping and ring views. */
 typedef struct cxr__sconn {
+  /* What a worker reads of every connection on every pass, together at the start: an
+   * idle connection then costs a pass one line of ours and its watched slot. */
+  int live;                  /* atomic: workers may poll it */
+  int retiring;              /* atomic: the manager is taking it back */
+  /* One worker only (it alone pops the request ring): the slot at its head and the seq that
+   * says it holds a request. The manager sets them with the rings (live 0), the worker after
+   * each batch it pops. */
+  const uint64_t *next_seq;
+  uint64_t next_want;
   cxr_heap *heap;            /* NULL while the slot has no heap */
   cxr__conn_block *blk;
   cxr__rview req, resp;
@@ -18,8 +27,6 @@ typedef struct cxr__sconn {
   cxr__cslot *slot;          /* in the control block */
   unsigned index;
   uint32_t gen;              /* generation of the current tenancy */
-  int live;                  /* atomic: workers may poll it */
-  int retiring;              /* atomic: the manager is taking it back */
   int resp_stalled;          /* atomic: its response ring stayed full for peer_timeout */
   uint64_t *snap;            /* workers' passes when its retirement began (manager only) */
   unsigned nsnap;
@@ -27,6 +34,14 @@ typedef struct cxr__sconn {
   size_t baseline_used;      /* heap bytes used by a fresh connection */
   bool pending, pending_dead; /* manager: a recycle waits for workers to leave */
 } cxr__sconn;
+
+/* The request-ring slot a single worker watches next (after the rings were set up or the
+ * worker popped): head from the ring, index masked with the private geometry. */
+static inline void cxr__sconn_watch(cxr__sconn *sc) {
+  uint64_t head = CXR__LDX(&sc->req.r->head);
+  sc->next_seq = &sc->req.d[head & sc->req.mask].seq;
+  sc->next_want = head + 1;
+}
 
 /* A worker's pass counter: bumped (release) at the start of every poll pass. A pass that
  * starts after the manager cleared `live` (and ran a process-wide barrier) never touches
