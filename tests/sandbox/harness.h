@@ -63,11 +63,11 @@ inline bool make_heap(Heap *h, size_t size, bool memfd) {
   if (memfd) {
     h->fd = memfd_create("cxrpc-test-heap", MFD_ALLOW_SEALING);
   } else {
-    char name[96];
-    static unsigned n;
-    snprintf(name, sizeof name, "/dev/shm/cxrpc-sbx-test-%d-%u.heap", getpid(), n++);
+    // A name no other suite can have (suites run side by side in pid namespaces of their
+    // own, so our pid alone is not unique on the shared /dev/shm).
+    char name[] = "/dev/shm/cxrpc-sbx-test-XXXXXX.heap";
+    h->fd = mkstemps(name, 5);
     h->path = name;
-    h->fd = open(name, O_RDWR | O_CREAT | O_TRUNC, 0600);
   }
   if (h->fd < 0 || ftruncate(h->fd, (off_t)size) != 0) return false;
   void *m = mmap((void *)h->addr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE,
@@ -96,9 +96,13 @@ struct Supervisor {
 };
 
 inline bool start_supervisor(Supervisor *s) {
-  static unsigned n;
+  // A fresh directory per supervisor: Bazel runs suites side by side in pid namespaces of
+  // their own, so a path made of our pid collided with another suite's supervisor (whose
+  // answers then made tests fail). /tmp, not TEST_TMPDIR: socket paths must stay short.
+  char dir[] = "/tmp/cxrpcd-test-XXXXXX";
+  if (mkdtemp(dir) == NULL) return false;
   char path[96];
-  snprintf(path, sizeof path, "/tmp/cxrpcd-test-%d-%u.sock", getpid(), n++);
+  snprintf(path, sizeof path, "%s/sock", dir);
   s->sock = path;
   std::string bin = runfile("tools/cxrpcd/cxrpcd");
   s->pid = fork();
@@ -123,6 +127,8 @@ inline void stop_supervisor(Supervisor *s) {
     waitpid(s->pid, &st, 0);
   }
   s->pid = -1;
+  unlink(s->sock.c_str());
+  rmdir(s->sock.substr(0, s->sock.rfind('/')).c_str());
 }
 
 inline bool supervisor_stats(const Supervisor &s, uint64_t *allowed, uint64_t *refused) {
