@@ -328,8 +328,20 @@ int main(int argc, char **argv) {
     if ((x = throughput(name, 2, 1, secs)) > t2) t2 = x;
     if ((x = throughput(name, 1, 16, secs)) > t16) t16 = x;
   }
+  stats cl = {0, 0}, con = {0, 0};
+  double idle_pct = 0;
+  if (!rtt_only) {
+    con = connect_time(name, 500, &cl);
+    /* Idle: a client stays connected, nobody calls. */
+    usleep(300000);
+    double cpu0 = cpu_seconds(srv);
+    int64_t w0 = cxr_now_ns();
+    sleep(3);
+    idle_pct = (cpu_seconds(srv) - cpu0) / ((cxr_now_ns() - w0) / 1e9) * 100.0;
+  }
   /* Many idle clients: the caller's connection comes after IDLE idle ones, which the worker
-   * looks at on every pass (see docs/rpc.md, "Idle connections cost the busy one"). */
+   * looks at on every pass (see docs/rpc.md, "Idle connections cost the busy one"). Last:
+   * recycling their slots would disturb the connect and idle measurements. */
   enum { IDLE = 32 };
   stats idle_rtt = {0, 0};
   double idle_ratio = 0;
@@ -351,17 +363,6 @@ int main(int argc, char **argv) {
       fprintf(stderr, "rpc_bench: could not open %d idle connections\n", IDLE);
     }
     for (int i = 0; i < nid; i++) cxr_conn_close(idle[i]);
-  }
-  stats cl = {0, 0}, con = {0, 0};
-  double idle_pct = 0;
-  if (!rtt_only) {
-    con = connect_time(name, 500, &cl);
-    /* Idle: a client stays connected, nobody calls. */
-    usleep(300000);
-    double cpu0 = cpu_seconds(srv);
-    int64_t w0 = cxr_now_ns();
-    sleep(3);
-    idle_pct = (cpu_seconds(srv) - cpu0) / ((cxr_now_ns() - w0) / 1e9) * 100.0;
   }
   cxr_conn_close(c);
   kill(srv, SIGTERM);
