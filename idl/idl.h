@@ -191,8 +191,7 @@ typedef int (*cxr__rinfn)(const void *p, cxr_ranges *r, unsigned depth);
 /* The merged byte ranges of the graph at m (a message of `size` bytes) into rg (initialized
  * here; the caller frees it on success). */
 int cxr__graph_ranges(const void *m, size_t size, cxr__rinfn walk, cxr_ranges *rg);
-/* Server side, one cxr_call_peer: whether to validate, whether the peer is in another rack. */
-void cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote);
+/* cxr__call_kind (whether to validate, whether the peer is in another rack) is in rpc.h. */
 /* Client stubs: the options for a call with argument rq on c. On a remote connection whose
  * caller gave no ranges, *tmp is o (or the defaults) with the argument graph's ranges (kept
  * in rg, which the stub frees after the call); otherwise o itself. NULL with *err on error. */

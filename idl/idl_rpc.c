@@ -1,17 +1,6 @@
 /* The parts of the idl runtime that stubs and skeletons need from rpc. */
 #include <cxrpc/idl.h>
 
-void cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote) {
-  cxr_peer p;
-  if (!call || cxr_call_peer(call, &p) != 0) {
-    *untrusted = true;  /* unknown peer: never skip validation by mistake */
-    *remote = false;
-    return;
-  }
-  *untrusted = !p.trusted;
-  *remote = p.pid == -1;
-}
-
 int cxr__graph_ranges(const void *m, size_t size, cxr__rinfn walk, cxr_ranges *rg) {
   cxr_ranges_init(rg);
   int rc = cxr_ranges_add(rg, m, size);

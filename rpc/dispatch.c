@@ -1,8 +1,11 @@
 /* The one place a validated call meets its handler. The sandbox layer wraps this (seal
  * check, memory domain, fault containment) without touching the rest of rpc/. */
+#include <stdio.h>
+
 #include "rpc/remote.h"
 #include "rpc/seal_glue.h"
 #include "rpc/server.h"
+#include "sandbox/internal.h"
 #include "shm/log.h"
 
 int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result) {
@@ -45,12 +48,55 @@ int cxr_call_set_result_ranges(cxr_call *call, const cxr_range *r, size_t n) {
   return 0; /* in the pod the client maps the same heap: nothing to ship */
 }
 
+/* The real uid of process pid, from /proc (not from anything the process wrote). */
+static int proc_uid(int pid, unsigned *uid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return CXR_EPEERDEAD;
+  int rc = CXR_EIO;
+  while (fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "Uid: %u", uid) == 1) {
+      rc = 0;
+      break;
+    }
+  fclose(f);
+  return rc;
+}
+
+/* Checks the pid a client wrote when it claimed its slot: the process must map this
+ * connection's heap (only the slot's claimant does; opening the heap file needed the
+ * channel's permissions), and its uid is read from /proc. Done once per tenancy. */
+static bool verify_peer(cxr__sconn *sc, int pid, unsigned *uid) {
+  if (__atomic_load_n(&sc->peer_gen, __ATOMIC_ACQUIRE) == sc->gen &&
+      __atomic_load_n(&sc->peer_pid, __ATOMIC_RELAXED) == pid) {
+    *uid = __atomic_load_n(&sc->peer_uid, __ATOMIC_RELAXED);
+    return true;
+  }
+  uint64_t dev, ino, off, pdev, pino, poff;
+  if (pid <= 0 || cxr__vma_backing((uintptr_t)sc->blk, &dev, &ino, &off) != 0 ||
+      cxr__vma_backing_of(pid, (uintptr_t)sc->blk, &pdev, &pino, &poff) != 0 ||
+      pdev != dev || pino != ino || poff != off || proc_uid(pid, uid) != 0)
+    return false;
+  /* Several workers may get here at once: they store the same values. */
+  __atomic_store_n(&sc->peer_pid, pid, __ATOMIC_RELAXED);
+  __atomic_store_n(&sc->peer_uid, *uid, __ATOMIC_RELAXED);
+  __atomic_store_n(&sc->peer_gen, sc->gen, __ATOMIC_RELEASE);
+  return true;
+}
+
+void cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote) {
+  *untrusted = call == NULL || call->ch == NULL || call->ch->o.untrusted;
+  *remote = call != NULL && call->remote != NULL;
+}
+
 int cxr_call_peer(cxr_call *call, cxr_peer *out) {
   if (call == NULL || out == NULL || call->sc == NULL) return CXR_EINVAL;
   if (call->remote) return cxr__remote_peer(call, out);
   out->pid = (int)cxr__owner_pid(CXR__LD(&call->sc->slot->owner));
-  out->uid = CXR__LD(&call->sc->slot->client_uid);
   out->host[0] = '\0';
   out->trusted = !call->ch->o.untrusted;
+  out->verified = verify_peer(call->sc, out->pid, &out->uid);
+  if (!out->verified) out->uid = CXR__LD(&call->sc->slot->client_uid);
   return 0;
 }

@@ -598,5 +598,6 @@ int cxr__remote_peer(cxr_call *call, cxr_peer *out) {
   out->uid = 0;
   snprintf(out->host, sizeof out->host, "%s", c->who);
   out->trusted = !call->ch->o.untrusted;
+  out->verified = false; /* what the client said about itself */
   return 0;
 }

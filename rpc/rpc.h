@@ -148,6 +148,10 @@ size_t cxr_call_arg_len(cxr_call *call);
  * CANCEL message is seen when the channel has two or more workers. Cheap: a load (a lock
  * across racks) and a clock read. */
 bool cxr_call_cancelled(cxr_call *call);
+/* Internal, for generated skeletons (<cxrpc/idl.h>): whether the channel validates its
+ * arguments (untrusted) and whether the caller is in another rack, without the identity
+ * check cxr_call_peer makes once per connection. An unknown call counts as untrusted. */
+void cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote);
 /* The memory an argument graph may point into (the connection heap): for validators. */
 cxr_range cxr_call_arg_range(cxr_call *call);
 /* Remote calls: the byte ranges of the result graph to ship back; default is the usable
@@ -159,6 +163,9 @@ typedef struct cxr_peer {
   unsigned uid;
   char host[64];       /* "" in the pod, else "hostname/pid" as the remote client sent it */
   bool trusted;
+  bool verified;       /* in the pod: the kernel confirms pid (it maps this connection's
+                          heap) and uid (its real uid, from /proc). false: as the client
+                          wrote them, so not for authorization (and always across racks) */
 } cxr_peer;
 int cxr_call_peer(cxr_call *call, cxr_peer *out);
 

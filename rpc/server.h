@@ -31,6 +31,11 @@ typedef struct cxr__sconn {
   uint64_t *snap;            /* workers' passes when its retirement began (manager only) */
   unsigned nsnap;
   cxr__proc_id client;       /* owner, read once after it claimed the slot */
+  /* The client's identity as the kernel confirmed it (cxr_call_peer), for tenancy peer_gen
+   * (atomic, written last): its pid maps this heap, peer_uid is its real uid. */
+  uint32_t peer_gen;
+  int peer_pid;
+  unsigned peer_uid;
   size_t baseline_used;      /* heap bytes used by a fresh connection */
   bool pending, pending_dead; /* manager: a recycle waits for workers to leave */
 } cxr__sconn;

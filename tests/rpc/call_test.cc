@@ -435,6 +435,39 @@ TEST_F(Call, MalformedDescriptorsGetErrorReplies) {
   EXPECT_EQ(rc, 0);
 }
 
+TEST_F(Call, ThePeersIdentityIsCheckedWithTheKernel) {
+  auto peer = [&] {
+    void *res = nullptr;
+    EXPECT_EQ(cxr_conn_call(c, M_PEER, nullptr, &res, nullptr), 0);
+    cxr_peer p{};
+    if (res != nullptr) {
+      p = *(cxr_peer *)res;
+      cxr_heap_free(h, res);
+    }
+    return p;
+  };
+  cxr_peer p = peer();
+  EXPECT_TRUE(p.verified);  // this process maps the connection heap
+  EXPECT_EQ(p.pid, (int)getpid());
+  EXPECT_EQ(p.uid, (unsigned)getuid());
+  // The client writes its uid into the channel's control block: a lie there is not what
+  // the server reports once the kernel confirmed the pid (it used to be).
+  cxr_heap *ctl = nullptr;
+  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
+  auto *cb = (cxr__chan_block *)cxr_heap_get_root(ctl);
+  auto *blk = (cxr__conn_block *)cxr_heap_get_root(h);
+  ASSERT_NE(cb, nullptr);
+  ASSERT_NE(blk, nullptr);
+  cxr__cslot *s = &cb->slots[blk->slot];
+  uint32_t real = s->client_uid;
+  s->client_uid = 4242;
+  p = peer();
+  EXPECT_TRUE(p.verified);
+  EXPECT_EQ(p.uid, (unsigned)getuid());
+  s->client_uid = real;
+  cxr_heap_close(ctl);
+}
+
 TEST_F(Call, StrayResponsesAreDropped) {
   // A response for a call id nobody waits for (a confused or hostile server).
   cxr__desc d;

@@ -32,7 +32,8 @@ static inline void *alloc_result(cxr_call *c, size_t n) {
   return p;
 }
 
-enum { M_NOOP = 1, M_ADD = 2, M_SLEEP = 3, M_FAIL = 4, M_ECHO = 5, M_PID = 6, M_SPIN = 7 };
+enum { M_NOOP = 1, M_ADD = 2, M_SLEEP = 3, M_FAIL = 4, M_ECHO = 5, M_PID = 6, M_SPIN = 7,
+       M_PEER = 8 };
 
 typedef struct add_args { int64_t a, b; } add_args;
 typedef struct sleep_args { int64_t ms; } sleep_args;
@@ -91,6 +92,16 @@ static inline int m_pid(cxr_call *c, const void *a, void **r, void *u) {
 /* M_SPIN (sleep_args): tests/rpc/spin.h; counts per process (in-process tests read them). */
 static spin_counts spin_seen;
 
+/* M_PEER: the caller as cxr_call_peer sees it (a cxr_peer in the connection heap). */
+static inline int m_peer(cxr_call *c, const void *a, void **r, void *u) {
+  (void)a, (void)u;
+  cxr_peer *p = (cxr_peer *)cxr_heap_alloc(cxr_call_heap(c), sizeof *p);
+  if (p == NULL) return CXR_ENOMEM;
+  int rc = cxr_call_peer(c, p);
+  *r = p;
+  return rc;
+}
+
 static inline int register_methods(cxr_channel *ch) {
   int rc = 0;
   rc |= cxr_channel_on(ch, M_NOOP, m_noop, NULL);
@@ -100,6 +111,7 @@ static inline int register_methods(cxr_channel *ch) {
   rc |= cxr_channel_on(ch, M_ECHO, m_echo, NULL);
   rc |= cxr_channel_on(ch, M_PID, m_pid, NULL);
   rc |= cxr_channel_on(ch, M_SPIN, spin_handler, &spin_seen);
+  rc |= cxr_channel_on(ch, M_PEER, m_peer, NULL);
   return rc;
 }
 
