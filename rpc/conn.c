@@ -206,6 +206,43 @@ static bool pool_low(cxr__chan_block *cb) {
   return ready * 2 <= cb->pool;
 }
 
+/* ---- connections this process holds as a client ----
+ * A server in this same process uses it to tell one of our own clients from a process that
+ * merely wrote our pid into a slot (cxr_call_peer). Keyed by the connection block's
+ * address, the same in both views, and the tenancy's generation. */
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct held_conn { const void *blk; uint32_t gen; } *held;
+static size_t nheld, held_cap;
+
+static void held_add(const void *blk, uint32_t gen) {
+  pthread_mutex_lock(&held_lock);
+  if (nheld == held_cap) {
+    size_t cap = held_cap ? 2 * held_cap : 16;
+    struct held_conn *n = realloc(held, cap * sizeof *n);
+    if (n != NULL) held = n, held_cap = cap;
+  }
+  if (nheld < held_cap) held[nheld++] = (struct held_conn){blk, gen};
+  pthread_mutex_unlock(&held_lock);
+}
+
+static void held_remove(const void *blk, uint32_t gen) {
+  pthread_mutex_lock(&held_lock);
+  for (size_t i = 0; i < nheld; i++)
+    if (held[i].blk == blk && held[i].gen == gen) {
+      held[i] = held[--nheld];
+      break;
+    }
+  pthread_mutex_unlock(&held_lock);
+}
+
+bool cxr__conn_held_here(const void *blk, uint32_t gen) {
+  bool found = false;
+  pthread_mutex_lock(&held_lock);
+  for (size_t i = 0; i < nheld && !found; i++) found = held[i].blk == blk && held[i].gen == gen;
+  pthread_mutex_unlock(&held_lock);
+  return found;
+}
+
 /* Gives a claimed slot back for the server to recycle: on its next tick, or now if the pool
  * runs low (waking the manager costs the closer a system call and, on a busy machine, its
  * CPU while the manager recycles). */
@@ -280,6 +317,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   c->server = (cxr__proc_id){.pid = cb->server_pid, .start_time = cb->server_start,
                              .host = cb->server_host};
   if ((rc = cxr__conn_table_init(c, ring)) != 0) goto fail;
+  held_add(b, c->gen);
   /* Now the server may poll it. */
   __atomic_fetch_or(&cb->active[k / 64], 1ull << (k % 64), __ATOMIC_SEQ_CST);
   return 0;
@@ -367,6 +405,7 @@ void cxr_conn_close(cxr_conn *c) {
   }
   cxr__conn_stop_completion(c);
   cxr__conn_fail_all(c, CXR_ECLOSED);
+  if (c->blk != NULL) held_remove(c->blk, c->gen);
   if (c->slot != NULL) release_slot(c->cb, c->index, c->pid, c->gen);
   cxr__conn_table_fini(c);
   cxr__seal_conn_close(c);

@@ -1,6 +1,7 @@
 /* The one place a validated call meets its handler. The sandbox layer wraps this (seal
  * check, memory domain, fault containment) without touching the rest of rpc/. */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "rpc/remote.h"
 #include "rpc/seal_glue.h"
@@ -64,15 +65,18 @@ static int proc_uid(int pid, unsigned *uid) {
   return rc;
 }
 
-/* Checks the pid a client wrote when it claimed its slot: the process must map this
- * connection's heap (only the slot's claimant does; opening the heap file needed the
- * channel's permissions), and its uid is read from /proc. Done once per tenancy. */
+/* Checks the pid a client wrote when it claimed its slot: another process than ours that
+ * maps this connection's heap (so one that could open the channel's files: the client, or
+ * a client of this slot before it that keeps its mapping for reconnects), and its uid is
+ * read from /proc. Done once per tenancy. */
 static bool verify_peer(cxr__sconn *sc, int pid, unsigned *uid) {
   if (__atomic_load_n(&sc->peer_gen, __ATOMIC_ACQUIRE) == sc->gen &&
       __atomic_load_n(&sc->peer_pid, __ATOMIC_RELAXED) == pid) {
     *uid = __atomic_load_n(&sc->peer_uid, __ATOMIC_RELAXED);
     return true;
   }
+  /* We map every connection heap: our own pid counts only for a client of ours. */
+  if (pid == (int)getpid() && !cxr__conn_held_here(sc->blk, sc->gen)) return false;
   uint64_t dev, ino, off, pdev, pino, poff;
   if (pid <= 0 || cxr__vma_backing((uintptr_t)sc->blk, &dev, &ino, &off) != 0 ||
       cxr__vma_backing_of(pid, (uintptr_t)sc->blk, &pdev, &pino, &poff) != 0 ||

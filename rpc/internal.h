@@ -297,6 +297,10 @@ struct cxr_call {
 /* Runs the handler for a validated call (the one place a sandbox wrapper goes). */
 int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result);
 
+/* True when this process holds, as a client, the connection whose block is at blk in
+ * tenancy gen (conn.c; a server in the same process asks, cxr_call_peer). */
+bool cxr__conn_held_here(const void *blk, uint32_t gen);
+
 /* ---- internal test hooks: raw ring access on a client connection ---- */
 int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d);
 int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns);

@@ -163,9 +163,10 @@ typedef struct cxr_peer {
   unsigned uid;
   char host[64];       /* "" in the pod, else "hostname/pid" as the remote client sent it */
   bool trusted;
-  bool verified;       /* in the pod: the kernel confirms pid (it maps this connection's
-                          heap) and uid (its real uid, from /proc). false: as the client
-                          wrote them, so not for authorization (and always across racks) */
+  bool verified;       /* in the pod: pid is a process that maps this connection's heap
+                          (not the server, unless a client of its own) and uid its real
+                          uid from /proc. false: as the client wrote them (and always
+                          across racks) */
 } cxr_peer;
 int cxr_call_peer(cxr_call *call, cxr_peer *out);
 

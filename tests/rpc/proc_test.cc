@@ -48,6 +48,15 @@ TEST_F(Proc, CallsAcrossProcessesReturnTheRightResults) {
   ASSERT_NE(res, nullptr);
   EXPECT_EQ(*(int64_t *)res, srv.pid);
   cxr_heap_free(h, res);
+  // The server process checks who we are with the kernel: our pid maps the connection's
+  // heap, and the uid is ours as /proc says.
+  res = nullptr;
+  ASSERT_EQ(cxr_conn_call(c, M_PEER, nullptr, &res, nullptr), 0);
+  ASSERT_NE(res, nullptr);
+  EXPECT_TRUE(((cxr_peer *)res)->verified);
+  EXPECT_EQ(((cxr_peer *)res)->pid, (int)getpid());
+  EXPECT_EQ(((cxr_peer *)res)->uid, (unsigned)getuid());
+  cxr_heap_free(h, res);
   std::atomic<int> good{0};
   std::vector<std::thread> ts;
   for (int t = 0; t < 3; t++)
