@@ -205,6 +205,27 @@ TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) {
   EXPECT_EQ(srv.pid, -1);
 }
 
+TEST_F(Proc, AClientNamingAnotherProcessIsNotVerified) {
+  // A client writes another pid into its slot (and a uid into the control block), then
+  // calls: the server does not confirm it, neither as the server itself (which maps every
+  // connection heap) nor as a process that does not map this one. Named as itself, it is
+  // confirmed, with its real uid rather than the one it wrote.
+  ASSERT_NO_FATAL_FAILURE(serve("imp", 1));
+  auto ask = [&](int pid) {
+    Peer p = spawn_peer({"impostor", name, std::to_string(pid)});
+    std::string l = read_line(p, 10000);
+    EXPECT_EQ(wait_peer(p), 0);
+    return l;
+  };
+  EXPECT_EQ(ask(srv.pid), "peer 0 " + std::to_string(srv.pid) + " 4242");
+  EXPECT_EQ(ask(1), "peer 0 1 4242");
+  std::string own = ask(0);
+  EXPECT_EQ(own.rfind("peer 1 ", 0), 0u) << own;
+  EXPECT_EQ(own.substr(own.rfind(' ') + 1), std::to_string(getuid())) << own;
+  cxr_conn_close(c);
+  stop_peer(srv);
+}
+
 TEST_F(Proc, ScribbledRingsHurtOnlyTheirConnection) {
   // A client process overwrites its request ring's positions, sequence numbers and
   // descriptors with garbage. The server neither crashes nor hangs, keeps serving us, the

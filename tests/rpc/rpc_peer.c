@@ -3,6 +3,9 @@
  *   rpc_peer client NAME MS        connect, print "connected\n", call M_SLEEP(MS) forever
  *   rpc_peer connect NAME 0        exit with -(cxr_connect's code)
  *   rpc_peer scribble NAME ROUNDS  a client that fills its request ring with garbage
+ *   rpc_peer impostor NAME PID     a client that writes PID (0: its own) and uid 4242 into
+ *                                  its slot, asks M_PEER through its raw rings and prints
+ *                                  "peer <verified> <pid> <uid>" as the server saw it
  * Both print to stdout (a pipe to the test) and exit non-zero on errors. */
 #include <signal.h>
 #include <stdio.h>
@@ -104,6 +107,36 @@ static int scribble(const char *name, int rounds) {
   return 0;
 }
 
+static int impostor(const char *name, int pid) {
+  cxr_conn *c;
+  if (cxr_connect(&c, name, NULL) != 0) return 1;
+  char ctl_name[CXR_NAME_MAX + 1];
+  snprintf(ctl_name, sizeof ctl_name, "ch.%s", name);
+  cxr_heap *ctl;
+  if (cxr_heap_open(&ctl, ctl_name) != 0) return 1;
+  cxr__chan_block *cb = cxr_heap_get_root(ctl);
+  cxr__conn_block *b = cxr_heap_get_root(cxr_conn_heap(c));
+  if (cb == NULL || b == NULL) return 1;
+  cxr__cslot *s = &cb->slots[b->slot];
+  uint64_t o = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE);
+  if (pid != 0)
+    __atomic_store_n(&s->owner, cxr__owner((uint32_t)pid, cxr__owner_state(o), cxr__owner_gen(o)),
+                     __ATOMIC_RELEASE);
+  __atomic_store_n(&s->client_uid, 4242u, __ATOMIC_RELEASE);
+  /* Raw descriptors: the library's own calls would notice the changed owner and end. */
+  cxr__desc d, r;
+  memset(&d, 0, sizeof d);
+  d.call_id = (uint64_t)1 << 32; /* generation 1, entry 0 */
+  d.method = M_PEER;
+  d.deadline = cxr_now_ns() + 5000000000;
+  if (cxr__conn_push_raw(c, &d) != 0 || cxr__conn_pop_raw(c, &r, 5000000000) != 0) return 1;
+  const cxr_peer *p = (const cxr_peer *)(uintptr_t)r.ptr;
+  if (r.status != 0 || p == NULL || !cxr_heap_contains(cxr_conn_heap(c), p, sizeof *p)) return 1;
+  printf("peer %d %d %u\n", p->verified ? 1 : 0, p->pid, p->uid);
+  fflush(stdout);
+  _exit(0); /* its slot stays claimed under the other pid; the channel's close ends it */
+}
+
 /* Exits with -rc of cxr_connect (0 when it connected). */
 static int try_connect(const char *name) {
   cxr_conn *c;
@@ -115,6 +148,7 @@ static int try_connect(const char *name) {
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "connect") == 0) return try_connect(argv[2]);
   if (argc == 4 && strcmp(argv[1], "scribble") == 0) return scribble(argv[2], atoi(argv[3]));
+  if (argc == 4 && strcmp(argv[1], "impostor") == 0) return impostor(argv[2], atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "server") == 0) return server(argv[2], (unsigned)atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "client") == 0) return client(argv[2], atoll(argv[3]));
   fprintf(stderr, "usage: rpc_peer server NAME WORKERS | client NAME MS\n");
