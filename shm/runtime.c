@@ -190,7 +190,8 @@ int cxr__rt_ensure(void) {
 }
 
 const char *cxr_root(void) {
-  if (cxr__rt_ensure() != 0) return cxr__fail_null(CXR_ENOENT);
+  int rc = cxr__rt_ensure();
+  if (rc != 0) return cxr__fail_null(rc); /* why the runtime could not start, not ENOENT */
   return rt_root;
 }
 
