@@ -195,14 +195,20 @@ int cxr_rdma_reg(cxr_rdma *r, void *p, size_t len, cxr_rdma_mr **mr) {
   return reg(r, p, len, false, true, mr);
 }
 
+/* Whether an export of that name exists (r->lock held). */
+static bool export_named_locked(const cxr_rdma *r, const char *name) {
+  for (const cxr_rdma_mr *m = r->mrs; m; m = m->next)
+    if (m->exported && !strcmp(m->name, name)) return true;
+  return false;
+}
+
 int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma_mr **mr) {
   if (mr) *mr = NULL;
   if (r == NULL || name == NULL || !*name || p == NULL || len == 0 || mr == NULL)
     return CXR_EINVAL;
   if (strlen(name) > EXPORT_NAME_MAX) return CXR_ENAMETOOLONG;
   pthread_mutex_lock(&r->lock);
-  bool dup = false;
-  for (cxr_rdma_mr *m = r->mrs; m; m = m->next) dup |= m->exported && !strcmp(m->name, name);
+  bool dup = export_named_locked(r, name);
   pthread_mutex_unlock(&r->lock);
   if (dup) return CXR_EEXIST;
   int rc = reg(r, p, len, false, true, mr);
@@ -210,7 +216,7 @@ int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma
   /* Named only if nobody exported the name meanwhile (checked again under the lock: two
    * threads exporting one name could both pass the check above). */
   pthread_mutex_lock(&r->lock);
-  for (cxr_rdma_mr *m = r->mrs; m; m = m->next) dup |= m != *mr && m->exported && !strcmp(m->name, name);
+  dup = export_named_locked(r, name);
   if (!dup) {
     snprintf((*mr)->name, sizeof (*mr)->name, "%s", name);
     (*mr)->exported = true;
