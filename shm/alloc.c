@@ -363,7 +363,10 @@ void cxr_heap_free(cxr_heap *h, void *p) {
     return;
   }
   if (f.kind == CXR_PM_LARGE) {
-    if (cxr__heap_lock(h) != 0) return;
+    if ((rc = cxr__heap_lock(h)) != 0) {
+      cxr__set_error(rc);
+      return;
+    }
     /* Recheck under the lock: a concurrent double free finds a FREE head. */
     if (cxr__pm_kind(LD(h->pm[f.head].w0)) == CXR_PM_LARGE) {
       cxr__run_release(&h->g, f.head);
@@ -390,7 +393,10 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   }
   tcache *tc = tc_get(h);
   if (tc == NULL || tc->n[c] == TC_CAP) {
-    if (cxr__heap_lock(h) != 0) return;
+    if ((rc = cxr__heap_lock(h)) != 0) {
+      cxr__set_error(rc); /* the block stays cached by this holder until its lease ends */
+      return;
+    }
     if (tc) {
       tc->frees++;
       tc_flush_locked(h, tc, TC_CAP - TC_BATCH);

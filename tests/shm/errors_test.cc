@@ -406,3 +406,25 @@ TEST(Lease, HolderOnAnotherHostIsDeadWhenItsLeaseExpires) {
   cxr_heap_close(h);
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
+
+TEST(Errors, AFreeThatCannotTakeTheHeapLockSaysWhy) {
+  // A holder died with the heap's lock and the next one left it unrecoverable (what a
+  // process without our EOWNERDEAD handling does): a free of a page run cannot proceed and
+  // says so in cxr_last_error, instead of returning with a stale code.
+  std::string name = uniq("unrecoverable");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 4 << 20, nullptr), 0);
+  void *run = cxr_heap_alloc(h, 64 << 10);
+  ASSERT_NE(run, nullptr);
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  pid_t pid = spawn([&]() -> int { return pthread_mutex_lock(&hdr->lock) == 0 ? 0 : 10; });
+  ASSERT_EQ(wait_child(pid), 0);
+  ASSERT_EQ(pthread_mutex_lock(&hdr->lock), EOWNERDEAD);
+  ASSERT_EQ(pthread_mutex_unlock(&hdr->lock), 0);  // not made consistent: unrecoverable
+  cxr_heap_free(h, (char *)run + 1);                // a different code first
+  ASSERT_EQ(cxr_last_error(), CXR_EBADPTR);
+  cxr_heap_free(h, run);
+  EXPECT_EQ(cxr_last_error(), CXR_ECORRUPT);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
