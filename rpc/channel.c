@@ -92,6 +92,7 @@ static void sconn_destroy(cxr_channel *ch, cxr__sconn *sc) {
   char name[CXR_NAME_MAX + 1];
   snprintf(name, sizeof name, "%s", cxr_heap_name(sc->heap));
   __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
+  __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
   cxr_heap_close(sc->heap);
   int rc = cxr_heap_unlink(name);
   if (rc != 0 && rc != CXR_ENOENT) CXR_WARN("channel %s: unlink %s: %s", ch->name, name, cxr_strerror(rc));
@@ -169,6 +170,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
   __atomic_store_n(&sc->resp_stalled, 0, __ATOMIC_RELAXED);
   cxr__seal_slot_ready(ch, sc);
   __atomic_store_n(&sc->live, 1, __ATOMIC_SEQ_CST);
+  __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
   CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_READY, gen));
   return 0;
 }
@@ -184,6 +186,7 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
     active_clear(ch->cb, sc->index);
     __atomic_store_n(&sc->retiring, 1, __ATOMIC_SEQ_CST);
     __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
     cxr__process_barrier();
     unsigned n = __atomic_load_n(&ch->wnext, __ATOMIC_ACQUIRE);
     if (n > CXR__MAX_WORKERS) n = CXR__MAX_WORKERS;

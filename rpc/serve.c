@@ -4,6 +4,7 @@
  * the channel doorbell; clients ring it only when a worker sleeps, so a busy server never
  * pays for wake-ups and an idle one uses no CPU. */
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rpc/server.h"
@@ -135,34 +136,96 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   if (out_len) ctr_add(ch, &ctr->bytes_out, out_len);
 }
 
-/* One pass over the active connections. Returns how many calls it handled. */
+/* The next connection of active-map word w (its bit taken out of *bits) that is live and
+ * not retiring, or NULL when the word has no more. `live` is read before anything else of
+ * the connection (see cxr__wpass). */
+static cxr__sconn *next_serving(cxr_channel *ch, unsigned w, uint64_t *bits) {
+  while (*bits) {
+    unsigned k = w * 64 + (unsigned)__builtin_ctzll(*bits);
+    *bits &= *bits - 1;
+    if (k >= ch->o.max_conns) return NULL;
+    cxr__sconn *sc = &ch->conns[k];
+    if (__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) &&
+        !__atomic_load_n(&sc->retiring, __ATOMIC_RELAXED))
+      return sc;
+  }
+  return NULL;
+}
+
+/* A single worker's private list of the connections it serves (live, not retiring, and
+ * claimed: their bit in the shared `active` map), each with the request slot it pops next.
+ * A pass then costs an idle connection two words of one array and the line of its watched
+ * slot, instead of the bitmap walk and the connection's own fields: the list is rebuilt only
+ * when `members` (the manager's changes to live and retiring) or the active map moved.
+ * Safe as the walk over `live` is (see cxr__wpass): a pass reads `members` after bumping its
+ * pass counter, so a pass that starts after the manager retired a connection rebuilds
+ * without it, and the manager waits for the passes that started before. */
+typedef struct watch {
+  const uint64_t *seq;
+  uint64_t want;
+  cxr__sconn *sc;
+} watch;
+
+typedef struct watch_list {
+  watch *w;
+  unsigned n;
+  unsigned members;
+  uint64_t active[CXR__MAX_CONNS / 64];
+} watch_list;
+
+static void watch_rebuild(cxr_channel *ch, watch_list *wl) {
+  wl->n = 0;
+  unsigned words = (ch->o.max_conns + 63) / 64;
+  for (unsigned w = 0; w < words; w++) {
+    uint64_t bits = wl->active[w];
+    for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;)
+      wl->w[wl->n++] = (watch){sc->next_seq, sc->next_want, sc};
+  }
+}
+
+/* One pass of a single worker. Returns how many calls it handled. */
+static unsigned poll_watched(cxr_channel *ch, cxr__wpass *ws, watch_list *wl) {
+  __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+  unsigned members = __atomic_load_n(&ch->members, __ATOMIC_ACQUIRE), n = 0;
+  bool changed = members != wl->members;
+  for (unsigned w = 0, words = (ch->o.max_conns + 63) / 64; w < words; w++) {
+    uint64_t bits = CXR__LD(&ch->cb->active[w]);
+    if (bits != wl->active[w]) {
+      wl->active[w] = bits;
+      changed = true;
+    }
+  }
+  if (changed) {
+    wl->members = members;
+    watch_rebuild(ch, wl);
+  }
+  for (unsigned i = 0; i < wl->n; i++) {
+    watch *e = &wl->w[i];
+    if (CXR__LD(e->seq) != e->want) continue;
+    /* It is the request ring's only consumer: no locked instruction. */
+    cxr__sconn *sc = e->sc;
+    cxr__desc d;
+    for (int b = 0; b < BATCH && cxr__ring_pop_single(&sc->req, &d) == 0; b++) {
+      handle(ch, sc, &d);
+      n++;
+    }
+    cxr__sconn_watch(sc);
+    e->seq = sc->next_seq;
+    e->want = sc->next_want;
+  }
+  return n;
+}
+
+/* One pass over the active connections (several workers). Returns how many calls it
+ * handled. */
 static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
   cxr__chan_block *cb = ch->cb;
   __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
   unsigned words = (ch->o.max_conns + 63) / 64, n = 0;
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = CXR__LD(&cb->active[w]);
-    while (bits) {
-      unsigned k = w * 64 + (unsigned)__builtin_ctzll(bits);
-      bits &= bits - 1;
-      if (k >= ch->o.max_conns) break;
-      cxr__sconn *sc = &ch->conns[k];
-      /* live is checked before the rings are touched (see cxr__wpass). */
-      if (!__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) ||
-          __atomic_load_n(&sc->retiring, __ATOMIC_RELAXED))
-        continue;
+    for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;) {
       cxr__desc d;
-      if (ch->o.workers == 1) {
-        /* One worker: it is the request rings' only consumer (no locked instruction), and
-         * knows which slot comes next without reading the ring's head. */
-        if (CXR__LD(sc->next_seq) != sc->next_want) continue;
-        for (int i = 0; i < BATCH && cxr__ring_pop_single(&sc->req, &d) == 0; i++) {
-          handle(ch, sc, &d);
-          n++;
-        }
-        cxr__sconn_watch(sc);
-        continue;
-      }
       if (!cxr__ring_nonempty(&sc->req)) continue;
       for (int i = 0; i < BATCH && cxr__ring_pop(&sc->req, &d) == 0; i++) {
         handle(ch, sc, &d);
@@ -178,15 +241,8 @@ static bool any_request(cxr_channel *ch, cxr__wpass *ws) {
   __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = CXR__LD(&ch->cb->active[w]);
-    while (bits) {
-      unsigned k = w * 64 + (unsigned)__builtin_ctzll(bits);
-      bits &= bits - 1;
-      if (k >= ch->o.max_conns) break;
-      cxr__sconn *sc = &ch->conns[k];
-      if (__atomic_load_n(&sc->live, __ATOMIC_ACQUIRE) &&
-          !__atomic_load_n(&sc->retiring, __ATOMIC_RELAXED) && cxr__ring_busy(&sc->req))
-        return true;
-    }
+    for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;)
+      if (cxr__ring_busy(&sc->req)) return true;
   }
   return false;
 }
@@ -197,6 +253,11 @@ void *cxr__worker_main(void *arg) {
   unsigned id = __atomic_fetch_add(&ch->wnext, 1, __ATOMIC_ACQ_REL);
   if (id >= CXR__MAX_WORKERS) return NULL;
   cxr__wpass *ws = &ch->wpass[id];
+  /* One worker polls its watch list; several walk the active map (their rings have
+   * several consumers, so the next slot is not theirs to know). */
+  watch_list wl = {.members = __atomic_load_n(&ch->members, __ATOMIC_ACQUIRE) - 1};
+  if (ch->o.workers == 1 && (wl.w = calloc(ch->o.max_conns, sizeof *wl.w)) == NULL)
+    CXR_WARN("channel %s: no memory for the watch list; walking the connections", ch->name);
   cxr__waitpol pol = {0, 0};
   int64_t base_spin, yield_ns;
   cxr__wait_windows(&pol, cxr_now_ns(), &base_spin, &yield_ns);
@@ -205,7 +266,7 @@ void *cxr__worker_main(void *arg) {
   unsigned empty = 0;
   bool checked = false;
   while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
-    if (poll_once(ch, ws) != 0) {
+    if ((wl.w ? poll_watched(ch, ws, &wl) : poll_once(ch, ws)) != 0) {
       empty = 0;
       continue;
     }
@@ -257,5 +318,6 @@ void *cxr__worker_main(void *arg) {
       spin /= 2;
     }
   }
+  free(wl.w);
   return NULL;
 }

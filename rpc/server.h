@@ -81,6 +81,8 @@ struct cxr_channel {
   unsigned nthreads;
   pthread_mutex_t lock;      /* serialises start/stop/close */
   unsigned wnext;            /* atomic: worker ids handed out since start */
+  unsigned members;          /* atomic: bumped whenever a connection's live or retiring
+                                changes (a single worker rebuilds its watch list) */
   cxr__wpass wpass[CXR__MAX_WORKERS];
   struct cxr__rlisten *remote; /* listener for other racks (rpc/remote.c), or NULL */
   struct cxr__seal_chan *seal; /* seal tables of the slots (rpc/seal_glue.c), or NULL */

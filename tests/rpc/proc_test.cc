@@ -154,9 +154,13 @@ TEST_F(Proc, KilledServerEndsEveryPendingCallWithPeerDead) {
   stop_peer(srv2);
 }
 
-TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) {
+// A client killed in the middle of a call: its connection is reclaimed (its heap unmapped)
+// while ours is served, and the slot is used again. With one worker the server polls a
+// private watch list of connections, rebuilt when one is retired (rpc/serve.c): a stale
+// entry would touch the unmapped heap.
+void killed_client_is_reclaimed(int workers) {
   std::string name = uniq("kc");
-  Peer srv = start_server(name, 2);
+  Peer srv = start_server(name, workers);
   ASSERT_GT(srv.pid, 0);
   Peer victim = spawn_peer({"client", name, "300"});
   ASSERT_GT(victim.pid, 0);
@@ -203,6 +207,11 @@ TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) {
   cxr_conn_close(c);
   stop_peer(srv);
   EXPECT_EQ(srv.pid, -1);
+}
+
+TEST_F(Proc, KilledClientIsReclaimedWhileOthersAreServed) { killed_client_is_reclaimed(2); }
+TEST_F(Proc, KilledClientIsReclaimedBySingleWorkerWhileOthersAreServed) {
+  killed_client_is_reclaimed(1);
 }
 
 TEST_F(Proc, AClientNamingAnotherProcessIsNotVerified) {
