@@ -1,7 +1,9 @@
 /* Endpoints: cold connects (UCX client-server + a hello), the fast-connect directory of
  * known hosts (worker address, exports) and its pool of ready endpoints, the listener,
- * failures and closing. Rule: never call UCX while holding r->lock (UCX callbacks take it
- * under the worker's own lock). */
+ * failures and closing. Rules: never call UCX while holding r->lock (UCX callbacks take it
+ * under the worker's own lock); never call UCX while holding an endpoint's ulock for writing,
+ * and never take ulock in a UCX callback (a poster holds it for reading while it waits for
+ * the worker's lock). */
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,9 @@ static cxr_rdma_ep *ep_new(cxr_rdma *r, const char *host) {
   cxr_rdma_ep *ep = calloc(1, sizeof *ep);
   if (ep == NULL) return NULL;
   ep->r = r;
+  /* The default kind prefers readers: a poster never waits behind a closer that waits for
+   * it. Closers do not starve: posters check the status, set first, before taking it. */
+  pthread_rwlock_init(&ep->ulock, NULL);
   snprintf(ep->host, sizeof ep->host, "%s", host ? host : "");
   return ep;
 }
@@ -226,8 +231,8 @@ static int hello(cxr_rdma_ep *ep, int64_t deadline) {
   r->hellos = &w;
   pthread_mutex_unlock(&r->lock);
   hello_req rq = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .token = w.token};
-  int rc = cxr__am_send(r, ep->uep, AM_HELLO, UCP_AM_SEND_FLAG_REPLY, &rq, sizeof rq, NULL, 0,
-                        deadline, true);
+  int rc = cxr__ep_am_send(ep, AM_HELLO, UCP_AM_SEND_FLAG_REPLY, &rq, sizeof rq, NULL, 0,
+                           deadline, true);
   if (rc == 0) {
     atomic_fetch_add(&r->waiters, 1);
     int64_t start = cxr_now_ns();
@@ -601,6 +606,73 @@ int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *, int, void *)
   return 0;
 }
 
+/* ---- the UCX handle's lifetime ----
+ * Several threads may use one endpoint, and one of them may end it (a missed deadline,
+ * cxr__ep_end) while the others are about to post, or are posting, on its UCX handle. A
+ * poster reads the handle and hands UCX its request under ulock for reading; the closer sets
+ * the status first (new posters stop before the lock), takes the handle out under ulock for
+ * writing (waiting only for posts under way, never for completions), then closes it outside
+ * the lock. The force close cancels every request still on the handle: their waiters get
+ * CXR_ECANCELED (or their deadline), and UCX touches none of their buffers afterwards. */
+
+int cxr__ep_use(cxr_rdma_ep *ep, ucp_ep_h *uep) {
+  int st = atomic_load(&ep->status);
+  if (st) return st;
+  pthread_rwlock_rdlock(&ep->ulock);
+  st = atomic_load(&ep->status);
+  if (st == 0 && ep->uep != NULL) {
+    *uep = ep->uep;
+    return 0;
+  }
+  pthread_rwlock_unlock(&ep->ulock);
+  return st ? st : CXR_ENOTCONN;
+}
+
+void cxr__ep_unuse(cxr_rdma_ep *ep) { pthread_rwlock_unlock(&ep->ulock); }
+
+/* Takes the handle out of the endpoint once no post is under way (NULL if already out). */
+static ucp_ep_h take_uep(cxr_rdma_ep *ep) {
+  pthread_rwlock_wrlock(&ep->ulock);
+  ucp_ep_h u = ep->uep;
+  ep->uep = NULL;
+  if (u) atomic_store(&ep->uclose, 1);
+  pthread_rwlock_unlock(&ep->ulock);
+  return u;
+}
+
+/* Closes a handle taken out of its endpoint (op: its request state) and waits for the close
+ * until `deadline`; then marks the endpoint closed. */
+static int close_uep(cxr_rdma_ep *ep, ucp_ep_h u, rdma_op *op, bool force, int64_t deadline) {
+  ucp_request_param_t p = cxr__op_param(op);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  int rc = cxr__op_wait(ep->r, ucp_ep_close_nbx(u, &p), op, deadline);
+  atomic_store(&ep->uclose, 2);
+  return rc;
+}
+
+/* Another thread took the handle out and is closing it: wait (bounded) until it is closed. */
+static void wait_closed(cxr_rdma_ep *ep, int64_t deadline) {
+  while (atomic_load(&ep->uclose) == 1 && cxr_now_ns() < deadline) {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+void cxr__ep_end(cxr_rdma_ep *ep) {
+  cxr__ep_force_close(ep);
+  rdma_op *op = cxr__op_new();
+  if (op == NULL) return;  /* the handle stays, ended by its status, until the endpoint closes */
+  int64_t deadline = cxr_now_ns() + 1000000000;
+  ucp_ep_h u = take_uep(ep);
+  if (u) {
+    close_uep(ep, u, op, true, deadline);
+    return;
+  }
+  free(op);
+  wait_closed(ep, deadline + 100000000);
+}
+
 /* ---- closing ---- */
 
 static void ep_destroy(cxr_rdma_ep *ep) {
@@ -616,22 +688,18 @@ static void ep_destroy(cxr_rdma_ep *ep) {
     free(rk);
     rk = n;
   }
-  if (ep->uep) {
-    rdma_op *op = cxr__op_new();
-    if (op) {
-      bool dead = atomic_load(&ep->status) != 0;
-      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                               UCP_OP_ATTR_FIELD_USER_DATA |
-                                               UCP_OP_ATTR_FIELD_FLAGS,
-                               .cb.send = cxr__op_cb,
-                               .user_data = op,
-                               .flags = dead ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-      ucs_status_ptr_t sp = ucp_ep_close_nbx(ep->uep, &p);
-      /* A flush to a silent peer could take forever: bound it, then force. */
-      int rc = cxr__op_wait(r, sp, op, cxr_now_ns() + 200000000);
-      if (rc == CXR_ETIMEDOUT) CXR_DEBUG("rdma: close of %s did not finish", ep->host);
-    }
+  rdma_op *op = cxr__op_new();
+  ucp_ep_h u = op ? take_uep(ep) : NULL;
+  if (u) {
+    bool dead = atomic_load(&ep->status) != 0;
+    /* A flush to a silent peer could take forever: bound it, then force. */
+    int rc = close_uep(ep, u, op, dead, cxr_now_ns() + 200000000);
+    if (rc == CXR_ETIMEDOUT) CXR_DEBUG("rdma: close of %s did not finish", ep->host);
+  } else {
+    free(op);
+    wait_closed(ep, cxr_now_ns() + 1100000000);  /* a missed deadline's close under way */
   }
+  pthread_rwlock_destroy(&ep->ulock);
   free(ep);
 }
 

@@ -74,7 +74,13 @@ struct cxr_rdma_rkey {
 
 struct cxr_rdma_ep {
   cxr_rdma *r;
+  /* The UCX handle, shared by every thread using the endpoint. A missed deadline in one of
+   * them closes it while others post on it, so it is read only through cxr__ep_use (ulock
+   * held for reading while a request is posted, never while waiting) and taken out under
+   * ulock for writing before it is closed (ep.c, "the UCX handle's lifetime"). */
   ucp_ep_h uep;
+  pthread_rwlock_t ulock;
+  atomic_int uclose;    /* 0 open, 1 its handle is being closed, 2 closed */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */
@@ -165,6 +171,12 @@ typedef struct rdma_op {
 } rdma_op;
 rdma_op *cxr__op_new(void);
 void cxr__op_cb(void *request, ucs_status_t status, void *user_data);
+/* Request parameters that complete `op` through cxr__op_cb. */
+static inline ucp_request_param_t cxr__op_param(rdma_op *op) {
+  return (ucp_request_param_t){.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA,
+                               .cb.send = cxr__op_cb, .user_data = op};
+}
 /* 0, the op's error, or CXR_ETIMEDOUT (then the op belongs to its callback). */
 int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline_ns);
 int64_t cxr__deadline(int64_t deadline_ns);
@@ -175,6 +187,9 @@ int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
 int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
                  size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline_ns,
                  bool wait);
+/* The same on an endpoint that other threads may end meanwhile: its status if it failed. */
+int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
+                    const struct iovec *iov, size_t niov, int64_t deadline_ns, bool wait);
 /* Same, and `owned` (malloc'd; may hold iov and the data it points to) is freed once UCX
  * no longer needs it, even when the wait gives up at the deadline. */
 int cxr__am_send_owned(cxr_rdma *r, ucp_ep_h uep, unsigned id, const void *hdr, size_t hlen,
@@ -197,6 +212,15 @@ void cxr__hello_reply(cxr_rdma_msg *m, void *user);
 void cxr__conn_cb(ucp_conn_request_h req, void *arg);
 void cxr__eps_close_all(cxr_rdma *r);
 void cxr__ep_force_close(cxr_rdma_ep *ep);
+/* The UCX handle to post one request on: 0 with ep->ulock held for reading (give it back
+ * with cxr__ep_unuse as soon as UCX has the request, before waiting for it), or the
+ * endpoint's status (CXR_ENOTCONN once its handle is closed) without the lock. */
+int cxr__ep_use(cxr_rdma_ep *ep, ucp_ep_h *uep);
+void cxr__ep_unuse(cxr_rdma_ep *ep);
+/* Ends the endpoint after a missed deadline: its status becomes CXR_ENOTCONN and its UCX
+ * handle is force-closed, which cancels every request on it; returns once the close is done
+ * (by this thread or another one ending it at the same time), up to about a second. */
+void cxr__ep_end(cxr_rdma_ep *ep);
 /* The accepted endpoint behind a reply endpoint, with a reference (NULL if none). */
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep);
 void cxr__ep_drop(cxr_rdma_ep *ep);

@@ -288,19 +288,23 @@ int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **out, ui
     }
   pthread_mutex_unlock(&r->lock);
   if (blob == NULL) return CXR_ENOENT;
-  /* An endpoint that failed, or that a missed deadline ended (finish() below), has no UCX
-   * endpoint left to unpack a key for: its status, as every operation on it returns. */
-  int st0 = atomic_load(&ep->status);
-  if (st0 != 0 || ep->uep == NULL) {
-    free(blob);
-    return st0 != 0 ? st0 : CXR_ENOTCONN;
-  }
   cxr_rdma_rkey *k = calloc(1, sizeof *k);
   if (k == NULL) {
     free(blob);
     return CXR_ENOMEM;
   }
-  ucs_status_t st = ucp_ep_rkey_unpack(ep->uep, blob, &k->rk);
+  /* An endpoint that failed, or that a missed deadline ended (finish() below, maybe in
+   * another thread right now), has no UCX endpoint left to unpack a key for: its status, as
+   * every operation on it returns. */
+  ucp_ep_h uep;
+  int rc = cxr__ep_use(ep, &uep);
+  if (rc) {
+    free(blob);
+    free(k);
+    return rc;
+  }
+  ucs_status_t st = ucp_ep_rkey_unpack(uep, blob, &k->rk);
+  cxr__ep_unuse(ep);
   free(blob);
   if (st != UCS_OK) {
     free(k);
@@ -329,44 +333,40 @@ static int check(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, size_t len)
 }
 
 /* A missed deadline: UCX cannot cancel a started transfer, so end the endpoint to make
- * sure nothing touches the caller's buffer after we return. */
+ * sure nothing touches the caller's buffer after we return. Other threads' requests on it
+ * are cancelled too; their calls return an error (cxr__ep_end, ep.c). */
 static int finish(cxr_rdma_ep *ep, int rc) {
-  if (rc == CXR_ETIMEDOUT) {
-    cxr__ep_force_close(ep);
-    rdma_op *op = cxr__op_new();
-    if (op) {
-      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                               UCP_OP_ATTR_FIELD_USER_DATA |
-                                               UCP_OP_ATTR_FIELD_FLAGS,
-                               .cb.send = cxr__op_cb, .user_data = op,
-                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
-      ucs_status_ptr_t sp = ucp_ep_close_nbx(ep->uep, &p);
-      cxr__op_wait(ep->r, sp, op, cxr_now_ns() + 1000000000);
-      ep->uep = NULL;
-    }
-  }
+  if (rc == CXR_ETIMEDOUT) cxr__ep_end(ep);
   return rc;
+}
+
+enum { RMA_GET, RMA_PUT, RMA_FLUSH };
+
+/* Posts one get, put or flush on the endpoint's handle (held only while posting) and waits
+ * for it until `deadline`. */
+static int rma_one(cxr_rdma_ep *ep, int kind, cxr_rdma_rkey *rk, uint64_t raddr, void *buf,
+                   size_t len, int64_t deadline) {
+  rdma_op *op = cxr__op_new();
+  if (op == NULL) return CXR_ENOMEM;
+  ucp_ep_h uep;
+  int rc = cxr__ep_use(ep, &uep);
+  if (rc) {
+    free(op);
+    return rc;
+  }
+  ucp_request_param_t p = cxr__op_param(op);
+  ucs_status_ptr_t sp = kind == RMA_PUT   ? ucp_put_nbx(uep, buf, len, raddr, rk->rk, &p)
+                        : kind == RMA_GET ? ucp_get_nbx(uep, buf, len, raddr, rk->rk, &p)
+                                          : ucp_ep_flush_nbx(uep, &p);
+  cxr__ep_unuse(ep);
+  return cxr__op_wait(ep->r, sp, op, deadline);
 }
 
 static int rma(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, size_t len,
                bool is_put, int64_t deadline) {
-  rdma_op *op = cxr__op_new();
-  if (op == NULL) return CXR_ENOMEM;
-  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                           UCP_OP_ATTR_FIELD_USER_DATA,
-                           .cb.send = cxr__op_cb, .user_data = op};
-  ucs_status_ptr_t sp = is_put ? ucp_put_nbx(ep->uep, buf, len, raddr, rk->rk, &p)
-                               : ucp_get_nbx(ep->uep, buf, len, raddr, rk->rk, &p);
-  int rc = cxr__op_wait(ep->r, sp, op, deadline);
-  if (rc == 0 && is_put) {
-    /* A put is complete locally; flush so it is visible at the target on return. */
-    rdma_op *f = cxr__op_new();
-    if (f == NULL) return CXR_ENOMEM;
-    ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                              UCP_OP_ATTR_FIELD_USER_DATA,
-                              .cb.send = cxr__op_cb, .user_data = f};
-    rc = cxr__op_wait(ep->r, ucp_ep_flush_nbx(ep->uep, &fp), f, deadline);
-  }
+  int rc = rma_one(ep, is_put ? RMA_PUT : RMA_GET, rk, raddr, buf, len, deadline);
+  /* A put is complete locally; flush so it is visible at the target on return. */
+  if (rc == 0 && is_put) rc = rma_one(ep, RMA_FLUSH, rk, raddr, buf, len, deadline);
   return finish(ep, rc);
 }
 
@@ -455,13 +455,18 @@ static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op
   if (a == NULL) return CXR_ENOMEM;
   a->operand = operand;
   a->reply = reply_in;
-  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                           UCP_OP_ATTR_FIELD_USER_DATA |
-                                           UCP_OP_ATTR_FIELD_DATATYPE |
-                                           UCP_OP_ATTR_FIELD_REPLY_BUFFER,
-                           .cb.send = cxr__op_cb, .user_data = &a->op,
-                           .datatype = ucp_dt_make_contig(8), .reply_buffer = &a->reply};
-  ucs_status_ptr_t sp = ucp_atomic_op_nbx(ep->uep, opc, &a->operand, 1, raddr, rk->rk, &p);
+  ucp_request_param_t p = cxr__op_param(&a->op);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+  p.datatype = ucp_dt_make_contig(8);
+  p.reply_buffer = &a->reply;
+  ucp_ep_h uep;
+  rc = cxr__ep_use(ep, &uep);
+  if (rc) {
+    free(a);
+    return rc;
+  }
+  ucs_status_ptr_t sp = ucp_atomic_op_nbx(uep, opc, &a->operand, 1, raddr, rk->rk, &p);
+  cxr__ep_unuse(ep);
   /* cxr__op_wait frees the op (== a) unless abandoned; read the reply first. */
   if (sp == NULL) {
     if (old) *old = a->reply;

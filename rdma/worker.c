@@ -119,7 +119,13 @@ int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline)
 
 unsigned cxr__rdma_progress(cxr_rdma *r) { return ucp_worker_progress(r->worker); }
 void cxr__rdma_waiter(cxr_rdma *r, int delta) { atomic_fetch_add(&r->waiters, delta); }
-ucp_ep_h cxr__rdma_ep_uep(cxr_rdma_ep *ep) { return ep->uep; }
+/* For rpc/, which posts on its own endpoints and never lets a one-sided call end them. */
+ucp_ep_h cxr__rdma_ep_uep(cxr_rdma_ep *ep) {
+  pthread_rwlock_rdlock(&ep->ulock);
+  ucp_ep_h u = ep->uep;
+  pthread_rwlock_unlock(&ep->ulock);
+  return u;
+}
 
 void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user) {
   pthread_mutex_lock(&r->lock);
@@ -341,12 +347,14 @@ void cxr_rdma_msg_keep(cxr_rdma_msg *m) {
 
 /* ---- sending ---- */
 
-static int am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
-                   size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline,
-                   bool wait, void *owned) {
-  if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && iov == NULL) || uep == NULL) {
+/* Sends on `uep`, or when `ep` is given on its handle (taken only while posting). */
+static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsigned flags,
+                   const void *hdr, size_t hlen, const struct iovec *iov, size_t niov,
+                   int64_t deadline, bool wait, void *owned) {
+  if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && iov == NULL) ||
+      (uep == NULL && ep == NULL)) {
     free(owned);
-    return uep == NULL ? CXR_ENOTCONN : CXR_EINVAL;
+    return uep == NULL && ep == NULL ? CXR_ENOTCONN : CXR_EINVAL;
   }
   rdma_op *op = cxr__op_new();
   if (op == NULL) {
@@ -365,12 +373,9 @@ static int am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const
     }
     memcpy(op->hdr_copy, hdr, hlen);
   }
-  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                           UCP_OP_ATTR_FIELD_USER_DATA |
-                                           UCP_OP_ATTR_FIELD_FLAGS,
-                           .cb.send = cxr__op_cb,
-                           .user_data = op,
-                           .flags = flags};
+  ucp_request_param_t p = cxr__op_param(op);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = flags;
   const void *buf = NULL;
   size_t count = 0;
   if (niov == 1) {
@@ -382,7 +387,15 @@ static int am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const
     buf = iov;
     count = niov;
   }
+  int rc = ep ? cxr__ep_use(ep, &uep) : 0;
+  if (rc) {
+    free(op->hdr_copy);
+    free(op->owned);
+    free(op);
+    return rc;
+  }
   ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
+  if (ep) cxr__ep_unuse(ep);
   if (!wait) {
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
       free(op->hdr_copy);
@@ -404,31 +417,31 @@ static int am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const
 int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
                  size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline,
                  bool wait) {
-  return am_send(r, uep, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL);
+  return am_send(r, NULL, uep, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL);
+}
+
+int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
+                    const struct iovec *iov, size_t niov, int64_t deadline, bool wait) {
+  return am_send(ep->r, ep, NULL, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL);
 }
 
 int cxr__am_send_owned(cxr_rdma *r, ucp_ep_h uep, unsigned id, const void *hdr, size_t hlen,
                        const struct iovec *iov, size_t niov, void *owned, int64_t deadline) {
-  return am_send(r, uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, deadline, true,
-                 owned);
+  return am_send(r, NULL, uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, deadline,
+                 true, owned);
 }
 
 int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov, int64_t deadline_ns) {
   if (ep == NULL || id < CXR_RDMA_AM_USER_MIN || id > CXR_RDMA_AM_MAX) return CXR_EINVAL;
-  int st = atomic_load(&ep->status);
-  if (st) return st;
-  return cxr__am_send(ep->r, ep->uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
-                      cxr__deadline(deadline_ns), true);
+  return cxr__ep_am_send(ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
+                         cxr__deadline(deadline_ns), true);
 }
 
 int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov) {
   if (ep == NULL || id < CXR_RDMA_AM_USER_MIN || id > CXR_RDMA_AM_MAX) return CXR_EINVAL;
-  int st = atomic_load(&ep->status);
-  if (st) return st;
-  return cxr__am_send(ep->r, ep->uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, 0,
-                      false);
+  return cxr__ep_am_send(ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, 0, false);
 }
 
 int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,

@@ -13,26 +13,13 @@
 #include <vector>
 
 #include <cxrpc/rdma.h>
-#include "tests/rdma/proc.h"
+#include "tests/rdma/peer.h"
 
 namespace {
 
 const int64_t kSec = 1000000000;
 
-struct Peer {
-  cxrt::Proc p;
-  int port = 0;
-  uintptr_t mem = 0;
-  bool start() {
-    if (!p.start({"tests/rdma/rdma_peer", "serve", "127.0.0.1:0"})) return false;
-    std::string l = p.line(10000);
-    void *m = nullptr;
-    if (sscanf(l.c_str(), "READY %d %p", &port, &m) != 2) return false;
-    mem = (uintptr_t)m;
-    return true;
-  }
-  std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
-};
+using cxrt::Peer;
 
 struct Echo {
   std::atomic<int> got{0};

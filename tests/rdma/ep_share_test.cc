@@ -1,0 +1,171 @@
+// One endpoint shared by many threads when its peer stops answering: a thread whose
+// deadline passes first ends the endpoint (force-closes its UCX handle) while the others are
+// posting, waiting or about to post on it. Every call must end with 0 or a CXR_E* code within
+// a bound, nothing may crash (the handle used to be closed and freed under threads that had
+// read it), and once the endpoint failed every new call returns its status.
+// Real peer process over UCX on TCP (loopback), stopped with SIGSTOP; a new one each round,
+// as the stopped one is killed: resumed, it would abort in UCX 1.13 on the atomic requests of
+// the endpoint we force-closed (ucp_atomic_req_handler: "unexpected error: Endpoint timeout").
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cxrpc/rdma.h>
+#include "tests/rdma/peer.h"
+
+namespace {
+
+const int64_t kMs = 1000000, kSec = 1000 * kMs;
+
+bool valid_code(int rc) { return rc == 0 || (rc <= CXR_EINVAL && rc >= CXR_ERRNO_MIN); }
+
+// What one thread does, again and again, on the shared endpoint: one call with `deadline`
+// (absolute) returning its code.
+struct Kind {
+  const char *name;
+  int64_t budget;  // each call's deadline, from its start, once the peer is stopped
+  std::function<int(int64_t deadline)> call;
+};
+
+// Before the peer stops every call has this much time: a short deadline missed on a slow
+// machine would end the endpoint before the race this test is about.
+const int64_t kCalm = 5 * kSec;
+
+struct Result {
+  std::atomic<int> ok{0}, errs{0}, bad{0}, slow{0};
+  std::atomic<int> after{1};  // the call made after the endpoint failed (1: none made)
+  std::atomic<int> status_then{0};
+  std::atomic<int> first_err{0};  // for the log
+  std::atomic<bool> done{false};
+};
+
+// Loops until the endpoint has failed, then makes one more call, which must return the
+// status. A call that takes far longer than its deadline (and the close that may follow
+// it) counts as hung; the loop also gives up at `give_up`.
+void run(cxr_rdma_ep *ep, const Kind &k, Result &res, const std::atomic<bool> &stopped,
+         int64_t give_up) {
+  while (cxr_now_ns() < give_up) {
+    int64_t t0 = cxr_now_ns(), budget = stopped ? k.budget : kCalm;
+    int rc = k.call(t0 + budget);
+    if (cxr_now_ns() - t0 > budget + 10 * kSec) res.slow++;
+    if (!valid_code(rc)) res.bad++;
+    (rc == 0 ? res.ok : res.errs)++;
+    if (rc != 0 && res.first_err == 0) res.first_err = rc;
+    int st = cxr_rdma_ep_status(ep);
+    if (st != 0) {
+      res.status_then = st;
+      res.after = k.call(cxr_now_ns() + k.budget);
+      break;
+    }
+    if (!strcmp(k.name, "am_post")) usleep(100);  // it does not wait: do not flood
+  }
+  res.done = true;
+}
+
+TEST(RdmaShare, AMissedDeadlineEndsASharedEndpointWithErrorsNotCrashes) {
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  std::map<int, int> codes;  // every code seen, for the log
+  const int kRounds = 6;
+  for (int round = 0; round < kRounds; round++) {
+    cxrt::Peer peer;
+    ASSERT_TRUE(peer.start());
+    cxr_rdma_ep *ep;
+    ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0) << round;
+    cxr_rdma_rkey *rk;
+    uint64_t base;
+    size_t len;
+    ASSERT_EQ(cxr_rdma_rkey_get(ep, "mem", &rk, &base, &len), 0);
+    // Each thread its own slice of the export (puts and atomics do not disturb the gets).
+    auto get = [=](uint64_t off) {
+      return [=](int64_t d) {
+        unsigned char b[256];
+        return cxr_rdma_get(ep, rk, base + off, b, sizeof b, d);
+      };
+    };
+    std::vector<Kind> kinds = {
+        {"get 10ms", 10 * kMs, get(0)},
+        {"get 15ms", 15 * kMs, get(4096)},
+        {"get 400ms", 400 * kMs, get(8192)},
+        {"put 300ms", 300 * kMs,
+         [=](int64_t d) {
+           unsigned char b[4096];
+           memset(b, round, sizeof b);
+           return cxr_rdma_put(ep, rk, base + 65536, b, sizeof b, d);
+         }},
+        {"fadd 250ms", 250 * kMs,
+         [=](int64_t d) {
+           uint64_t old;
+           return cxr_rdma_fadd64(ep, rk, base + 131072, 1, &old, d);
+         }},
+        {"cswap 60ms", 60 * kMs,
+         [=](int64_t d) {
+           uint64_t old;
+           return cxr_rdma_cswap64(ep, rk, base + 131080, 0, 1, &old, d);
+         }},
+        {"am_send 350ms", 350 * kMs,
+         [=](int64_t d) { return cxr_rdma_am_send(ep, 30, "s", 1, nullptr, 0, d); }},
+        {"am_post", 0, [=](int64_t) { return cxr_rdma_am_post(ep, 30, "p", 1, nullptr, 0); }},
+        {"refresh 200ms", 200 * kMs, [=](int64_t d) { return cxr_rdma_refresh(ep, d); }},
+    };
+    std::vector<Result> res(kinds.size());
+    std::atomic<bool> stopped{false};
+    int64_t give_up = cxr_now_ns() + 60 * kSec;
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < kinds.size(); i++)
+      ts.emplace_back(run, ep, std::cref(kinds[i]), std::ref(res[i]), std::cref(stopped),
+                      give_up);
+    // Every thread has had a call answered before the peer stops (bounded wait).
+    int64_t end = cxr_now_ns() + 20 * kSec;
+    for (size_t i = 0; i < res.size(); i++)
+      while (res[i].ok.load() == 0 && !res[i].done && cxr_now_ns() < end) usleep(1000);
+    ASSERT_EQ(kill(peer.p.pid, SIGSTOP), 0);
+    int ws = 0;
+    ASSERT_EQ(waitpid(peer.p.pid, &ws, WUNTRACED), peer.p.pid);
+    stopped = true;
+    // The threads end within the bound run() keeps; a hang past it is a failure, and
+    // joining a hung thread would hang the test: abort then.
+    end = give_up + 15 * kSec;
+    for (size_t i = 0; i < res.size(); i++)
+      while (!res[i].done && cxr_now_ns() < end) usleep(1000);
+    for (size_t i = 0; i < res.size(); i++)
+      if (!res[i].done) {
+        fprintf(stderr, "round %d: thread %s hung\n", round, kinds[i].name);
+        std::abort();
+      }
+    for (auto &t : ts) t.join();
+    int st = cxr_rdma_ep_status(ep);
+    EXPECT_NE(st, 0) << "round " << round << ": the endpoint never failed";
+    for (size_t i = 0; i < kinds.size(); i++) {
+      SCOPED_TRACE(std::string("round ") + std::to_string(round) + ", " + kinds[i].name);
+      EXPECT_GT(res[i].ok.load(), 0);
+      EXPECT_EQ(res[i].bad.load(), 0) << "a call returned something other than 0 or CXR_E*";
+      EXPECT_EQ(res[i].slow.load(), 0) << "a call hung far past its deadline";
+      EXPECT_EQ(res[i].status_then.load(), st);
+      EXPECT_EQ(res[i].after.load(), st) << "a call after the failure";
+      codes[res[i].first_err.load()]++;
+    }
+    // A key never looked up on this endpoint is refused with its status, not unpacked.
+    cxr_rdma_rkey *spare;
+    EXPECT_EQ(cxr_rdma_rkey_get(ep, "spare", &spare, nullptr, nullptr), st);
+    cxr_rdma_ep_close(ep);
+    peer.p.kill9();
+  }
+  for (auto &c : codes)
+    printf("a thread's first error: %s x%d\n",
+           c.first ? cxr_strerror(c.first) : "none, it saw the status first", c.second);
+  cxr_rdma_close(r);
+}
+
+}  // namespace
