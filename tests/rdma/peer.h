@@ -1,11 +1,13 @@
 // The rdma_peer server process of the rdma tests: started on a free loopback port, it
 // exports "mem" (4 MiB, byte i is i & 0xff) and "spare", and echoes message 20 as 21.
 #pragma once
+#include <gtest/gtest.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include <string>
 
+#include <cxrpc/rdma.h>
 #include "tests/rdma/proc.h"
 
 namespace cxrt {
@@ -24,5 +26,14 @@ struct Peer {
   }
   std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
 };
+
+// Where the one-sided and peer-death cases start: the peer process, an engine of our own
+// with default options, one endpoint to the peer. Its fatal failures stop only this function:
+// call it inside ASSERT_NO_FATAL_FAILURE.
+inline void open_and_connect(Peer &peer, cxr_rdma **r, cxr_rdma_ep **ep) {
+  ASSERT_TRUE(peer.start());
+  ASSERT_EQ(cxr_rdma_open(r, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_connect(*r, peer.addr().c_str(), 0, ep), 0);
+}
 
 }  // namespace cxrt

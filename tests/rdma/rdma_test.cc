@@ -45,14 +45,7 @@ bool wait_for(std::atomic<int> &v, int n, int64_t ns) {
   return v.load() >= n;
 }
 
-// Where the one-sided and peer-death cases start: the peer process, an engine of our own
-// with default options, one endpoint to the peer. Its fatal failures stop only this function:
-// call it inside ASSERT_NO_FATAL_FAILURE.
-void open_and_connect(Peer &peer, cxr_rdma **r, cxr_rdma_ep **ep) {
-  ASSERT_TRUE(peer.start());
-  ASSERT_EQ(cxr_rdma_open(r, nullptr), 0);
-  ASSERT_EQ(cxr_rdma_connect(*r, peer.addr().c_str(), 0, ep), 0);
-}
+using cxrt::open_and_connect;
 
 // The same, with our handler for the peer's echoes (id 21) set before connecting.
 void open_and_connect_echo(Peer &peer, Echo &e, cxr_rdma **r, cxr_rdma_ep **ep) {
