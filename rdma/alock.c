@@ -42,6 +42,21 @@ static bool is_remote(const cxr_alock_ref *r) { return r->local == NULL; }
 /* Each remote operation gets its own bound; the lock's deadline is checked between them. */
 static int64_t op_deadline(void) { return cxr_now_ns() + 2000000000; }
 
+/* A remote step that missed its own bound leaves this participant not knowing where it
+ * stands: a timed-out atomic (tail swap, node CAS) may still apply at the lock later, its
+ * result lost (the endpoint stays open, mem.c), and a timed-out get or put ended the
+ * endpoint. So the ref is spent: later calls on it return CXR_ENOTCONN without touching
+ * the lock (a retry would enqueue the slot a second time, or act on a grant it never saw).
+ * While atomics still force-closed the endpoint, that close refused the later steps; the
+ * lock was no more recoverable then (cxr_alock_lock(3), BUGS). budget_left never holds
+ * this value otherwise (a budget is an unsigned int). */
+#define REF_SPENT UINT64_MAX
+
+static int step(cxr_alock_ref *r, int rc) {
+  if (rc == CXR_ETIMEDOUT) r->budget_left = REF_SPENT;
+  return rc;
+}
+
 static uint64_t node_addr(const cxr_alock_ref *r, unsigned slot, size_t field) {
   return r->addr + offsetof(cxr_alock, rnodes) + slot * sizeof(cxr_alock_node) + field;
 }
@@ -53,7 +68,7 @@ static int node_get(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t *v) 
     *v = LD((uint64_t *)((char *)&r->local->lnodes[slot] + field));
     return 0;
   }
-  return cxr_rdma_get(r->ep, r->rk, node_addr(r, slot, field), v, 8, op_deadline());
+  return step(r, cxr_rdma_get(r->ep, r->rk, node_addr(r, slot, field), v, 8, op_deadline()));
 }
 
 static int node_put(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t v) {
@@ -61,7 +76,7 @@ static int node_put(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t v) {
     ST((uint64_t *)((char *)&r->local->lnodes[slot] + field), v);
     return 0;
   }
-  return cxr_rdma_put(r->ep, r->rk, node_addr(r, slot, field), &v, 8, op_deadline());
+  return step(r, cxr_rdma_put(r->ep, r->rk, node_addr(r, slot, field), &v, 8, op_deadline()));
 }
 
 static int node_cas(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t expect,
@@ -73,8 +88,8 @@ static int node_cas(cxr_alock_ref *r, unsigned slot, size_t field, uint64_t expe
     *old = e;
     return 0;
   }
-  return cxr_rdma_cswap64(r->ep, r->rk, node_addr(r, slot, field), expect, desired, old,
-                          op_deadline());
+  return step(r, cxr_rdma_cswap64(r->ep, r->rk, node_addr(r, slot, field), expect, desired, old,
+                                  op_deadline()));
 }
 
 static int tail_swap(cxr_alock_ref *r, uint64_t v, uint64_t *old) {
@@ -82,8 +97,8 @@ static int tail_swap(cxr_alock_ref *r, uint64_t v, uint64_t *old) {
     *old = __atomic_exchange_n(&r->local->ltail, v, __ATOMIC_ACQ_REL);
     return 0;
   }
-  return cxr_rdma_swap64(r->ep, r->rk, r->addr + offsetof(cxr_alock, rtail), v, old,
-                         op_deadline());
+  return step(r, cxr_rdma_swap64(r->ep, r->rk, r->addr + offsetof(cxr_alock, rtail), v, old,
+                                 op_deadline()));
 }
 
 static int tail_cas(cxr_alock_ref *r, uint64_t expect, uint64_t desired, uint64_t *old) {
@@ -94,8 +109,8 @@ static int tail_cas(cxr_alock_ref *r, uint64_t expect, uint64_t desired, uint64_
     *old = e;
     return 0;
   }
-  return cxr_rdma_cswap64(r->ep, r->rk, r->addr + offsetof(cxr_alock, rtail), expect, desired,
-                          old, op_deadline());
+  return step(r, cxr_rdma_cswap64(r->ep, r->rk, r->addr + offsetof(cxr_alock, rtail), expect,
+                                  desired, old, op_deadline()));
 }
 
 /* ---- shared words: plain 8-byte reads and writes ---- */
@@ -105,7 +120,8 @@ static int other_tail(cxr_alock_ref *r, uint64_t *v) {
     *v = __atomic_load_n(&r->local->rtail, __ATOMIC_ACQUIRE);  /* a plain 8-byte load on x86 */
     return 0;
   }
-  return cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, ltail), v, 8, op_deadline());
+  return step(r, cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, ltail),
+                             v, 8, op_deadline()));
 }
 
 static int victim_get(cxr_alock_ref *r, uint64_t *v) {
@@ -113,7 +129,8 @@ static int victim_get(cxr_alock_ref *r, uint64_t *v) {
     *v = __atomic_load_n(&r->local->victim, __ATOMIC_RELAXED);
     return 0;
   }
-  return cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, victim), v, 8, op_deadline());
+  return step(r, cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, victim),
+                             v, 8, op_deadline()));
 }
 
 static int victim_put(cxr_alock_ref *r, uint64_t v) {
@@ -125,7 +142,8 @@ static int victim_put(cxr_alock_ref *r, uint64_t v) {
     return 0;
   }
   /* cxr_rdma_put returns once the write is visible at the target (flushed). */
-  return cxr_rdma_put(r->ep, r->rk, r->addr + offsetof(cxr_alock, victim), &v, 8, op_deadline());
+  return step(r, cxr_rdma_put(r->ep, r->rk, r->addr + offsetof(cxr_alock, victim),
+                             &v, 8, op_deadline()));
 }
 
 static int budget_of(cxr_alock_ref *r, uint64_t *b) {
@@ -133,7 +151,8 @@ static int budget_of(cxr_alock_ref *r, uint64_t *b) {
     *b = r->local->budget;
     return 0;
   }
-  return cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, budget), b, 8, op_deadline());
+  return step(r, cxr_rdma_get(r->ep, r->rk, r->addr + offsetof(cxr_alock, budget),
+                             b, 8, op_deadline()));
 }
 
 static void backoff(cxr_alock_ref *r, unsigned i) {
@@ -188,6 +207,7 @@ static int release_from(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
 int cxr_alock_unlock(cxr_alock_ref *r) {
   if (r == NULL || r->slot >= CXR_ALOCK_SLOTS || (r->local == NULL && (r->ep == NULL || r->rk == NULL)))
     return CXR_EINVAL;
+  if (is_remote(r) && r->budget_left == REF_SPENT) return CXR_ENOTCONN;
   return release_from(r, r->slot, r->budget_left);
 }
 
@@ -196,6 +216,7 @@ int cxr_alock_unlock(cxr_alock_ref *r) {
 int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
   if (r == NULL || r->slot >= CXR_ALOCK_SLOTS || (r->local == NULL && (r->ep == NULL || r->rk == NULL)))
     return CXR_EINVAL;
+  if (is_remote(r) && r->budget_left == REF_SPENT) return CXR_ENOTCONN;
   int64_t deadline = deadline_ns > 0 ? deadline_ns : INT64_MAX;
   unsigned me = r->slot;
   uint64_t cohort = is_remote(r) ? COHORT_REMOTE : COHORT_LOCAL, st = 0, pred = 0, old = 0;

@@ -439,9 +439,15 @@ int cxr_rdma_get(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *dst, 
   return transfer(ep, rk, raddr, dst, len, false, deadline_ns);
 }
 
-/* Atomics: the operand and the reply live in the op (heap), never on our stack, so an
- * abandoned op cannot write into a dead frame. For CSWAP, UCX takes the value to compare
- * in `buffer` and the new value in `reply_buffer`, which receives the old value. */
+/* Atomics: the operand and the reply live in the op (heap), never on our stack or in the
+ * caller's `old`, so a missed deadline needs no close: the waiter abandons the op (state 2,
+ * as cxr__op_wait does) and returns at once, and cxr__op_cb frees it, reply and all, when
+ * UCX completes or cancels it later (the reply arrives, or the endpoint is closed or fails).
+ * The endpoint stays usable: the target may only be slow. Closing it here instead made UCX
+ * 1.13 targets over TCP abort (ucp_atomic_req_handler, "Endpoint timeout") when they
+ * resumed with several such atomics pending (tests/rdma/ep_share_test). For CSWAP, UCX
+ * takes the value to compare in `buffer` and the new value in `reply_buffer`, which
+ * receives the old value. */
 static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op_t opc,
                uint64_t operand, uint64_t reply_in, uint64_t *old, int64_t deadline_ns) {
   int rc = check(ep, rk, raddr, 8);
@@ -475,7 +481,7 @@ static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op
   }
   if (UCS_PTR_IS_ERR(sp)) {
     free(a);
-    return finish(ep, cxr__rdma_status(UCS_PTR_STATUS(sp)));
+    return cxr__rdma_status(UCS_PTR_STATUS(sp));
   }
   atomic_fetch_add(&ep->r->waiters, 1);
   int64_t deadline = cxr__deadline(deadline_ns), start = cxr_now_ns();
@@ -483,7 +489,7 @@ static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op
     if (ucp_worker_progress(ep->r->worker) == 0 && cxr_now_ns() - start > 200000) usleep(50);
   atomic_fetch_sub(&ep->r->waiters, 1);
   int expect = 0;
-  if (atomic_compare_exchange_strong(&a->op.state, &expect, 2)) return finish(ep, CXR_ETIMEDOUT);
+  if (atomic_compare_exchange_strong(&a->op.state, &expect, 2)) return CXR_ETIMEDOUT;
   rc = cxr__rdma_status(a->op.status);
   if (rc == 0 && old) *old = a->reply;
   free(a);

@@ -6,6 +6,7 @@
 // Real peer process over UCX on TCP (loopback), stopped with SIGSTOP; a new one each round,
 // as the stopped one is killed: resumed, it would abort in UCX 1.13 on the atomic requests of
 // the endpoint we force-closed (ucp_atomic_req_handler: "unexpected error: Endpoint timeout").
+// Atomics alone no longer end the endpoint at their deadline: the last two tests.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdint.h>
@@ -174,45 +175,143 @@ TEST(RdmaShare, AMissedDeadlineEndsASharedEndpointWithErrorsNotCrashes) {
   cxr_rdma_close(r);
 }
 
-// Not fixed (UCX 1.13, found with the test above): the target of emulated atomics over TCP
-// aborts (ucp_atomic_req_handler, "Fatal: unexpected error: Endpoint timeout") when it
-// resumes with atomic requests pending from an endpoint its initiator force-closed at a
-// missed deadline. 4 runs in 4 before and after the endpoint-lifetime fix; a single pending
-// fadd or get does not do it. Run with --gtest_also_run_disabled_tests to see it.
-TEST(RdmaShare, DISABLED_TheTargetOfAtomicsOnAForceClosedEndpointSurvives) {
+// The peer, an engine, an endpoint and the key of the peer's "mem" export.
+struct Mem {
   cxrt::Peer peer;
-  cxr_rdma *r;
-  cxr_rdma_ep *ep;
-  ASSERT_NO_FATAL_FAILURE(cxrt::open_and_connect(peer, &r, &ep));
-  cxr_rdma_rkey *rk;
-  uint64_t base;
-  size_t len;
-  ASSERT_EQ(cxr_rdma_rkey_get(ep, "mem", &rk, &base, &len), 0);
-  std::atomic<bool> stopped{false};
-  std::vector<std::thread> ts;
-  for (int k = 0; k < 4; k++)
-    ts.emplace_back([&, k] {
-      while (cxr_rdma_ep_status(ep) == 0) {
-        uint64_t old;
-        int64_t d = cxr_now_ns() + (stopped ? (k + 1) * 50 * kMs : kCalm);
-        if (k % 2) cxr_rdma_fadd64(ep, rk, base + 64 * k, 1, &old, d);
-        else cxr_rdma_cswap64(ep, rk, base + 64 * k, 0, 1, &old, d);
-      }
-    });
-  usleep(200000);
+  cxr_rdma *r = nullptr;
+  cxr_rdma_ep *ep = nullptr;
+  cxr_rdma_rkey *rk = nullptr;
+  uint64_t base = 0;
+};
+
+void connect_mem(Mem &m) {
+  ASSERT_NO_FATAL_FAILURE(cxrt::open_and_connect(m.peer, &m.r, &m.ep));
+  ASSERT_EQ(cxr_rdma_rkey_get(m.ep, "mem", &m.rk, &m.base, nullptr), 0);
+}
+
+// Stops the peer and waits until it is stopped.
+void stop(cxrt::Peer &peer) {
   ASSERT_EQ(kill(peer.p.pid, SIGSTOP), 0);
   int ws = 0;
   ASSERT_EQ(waitpid(peer.p.pid, &ws, WUNTRACED), peer.p.pid);
+}
+
+// Waits up to `ms` for the peer to exit: true if it did (then it is reaped).
+bool died_within(cxrt::Peer &peer, int ms) {
+  int ws = 0;
+  for (int i = 0; i < ms / 10; i++, usleep(10000))
+    if (waitpid(peer.p.pid, &ws, WNOHANG) == peer.p.pid) {
+      peer.p.pid = -1;
+      return true;
+    }
+  return false;
+}
+
+// A missed deadline of an atomic abandons the request (its reply lands in memory the request
+// owns) and leaves the endpoint open. Before, it force-closed the endpoint, and the target of
+// UCX 1.13's emulated atomics over TCP aborted when it resumed with several atomic requests
+// pending from that endpoint (ucp_atomic_req_handler: "Fatal: unexpected error: Endpoint
+// timeout"; 4 runs in 4). Here: 4 threads each let a fadd, a swap and a cswap time out on a
+// SIGSTOPped peer; resumed, the peer must live, apply every abandoned atomic, and serve the
+// same endpoint and a fresh connection. Under ASan, LSan checks that the abandoned requests
+// were freed.
+TEST(RdmaShare, TimedOutAtomicsLeaveTheEndpointAndTheirTargetAlive) {
+  Mem m;
+  ASSERT_NO_FATAL_FAILURE(connect_mem(m));
+  cxrt::Peer &peer = m.peer;
+  cxr_rdma *r = m.r;
+  cxr_rdma_ep *ep = m.ep;
+  cxr_rdma_rkey *rk = m.rk;
+  uint64_t base = m.base;
+  const int kThreads = 4, kFadds = 3;
+  // Thread k's words: a counter, a swap target and a cswap target (one cache line each).
+  auto word = [&](int k, int i) { return base + 4096 + 64 * (3 * k + i); };
+  uint64_t init[kThreads][3];
+  for (int k = 0; k < kThreads; k++)
+    for (int i = 0; i < 3; i++)
+      ASSERT_EQ(cxr_rdma_get(ep, rk, word(k, i), &init[k][i], 8, cxr_now_ns() + 5 * kSec), 0);
+  std::atomic<bool> stopped{false};
+  std::atomic<int> calm_done{0};
+  std::vector<std::vector<int>> late(kThreads);
+  std::vector<std::thread> ts;
+  for (int k = 0; k < kThreads; k++)
+    ts.emplace_back([&, k] {
+      uint64_t old;
+      // One answered atomic first: the request path works before the stop.
+      EXPECT_EQ(cxr_rdma_fadd64(ep, rk, word(k, 0), 0, &old, cxr_now_ns() + kCalm), 0);
+      calm_done++;
+      for (int64_t end = cxr_now_ns() + 20 * kSec; !stopped && cxr_now_ns() < end;)
+        usleep(1000);
+      // Several atomics pending at once from this endpoint (4 threads x 5).
+      for (int i = 0; i < kFadds; i++)
+        late[k].push_back(cxr_rdma_fadd64(ep, rk, word(k, 0), 1, &old, cxr_now_ns() + 50 * kMs));
+      late[k].push_back(
+          cxr_rdma_swap64(ep, rk, word(k, 1), 100 + k, &old, cxr_now_ns() + 50 * kMs));
+      late[k].push_back(cxr_rdma_cswap64(ep, rk, word(k, 2), init[k][2], 200 + k, &old,
+                                         cxr_now_ns() + 50 * kMs));
+    });
+  for (int64_t end = cxr_now_ns() + 20 * kSec; calm_done < kThreads && cxr_now_ns() < end;)
+    usleep(1000);
+  ASSERT_NO_FATAL_FAILURE(stop(peer));
   stopped = true;
-  for (auto &t : ts) t.join();  // each call ends by its deadline: the endpoint ends
+  for (auto &t : ts) t.join();
+  for (int k = 0; k < kThreads; k++)
+    for (int rc : late[k]) EXPECT_EQ(rc, CXR_ETIMEDOUT) << "thread " << k;
+  EXPECT_EQ(cxr_rdma_ep_status(ep), 0) << "a timed-out atomic ended the endpoint";
   ASSERT_EQ(kill(peer.p.pid, SIGCONT), 0);
+  // The same endpoint works again, and every abandoned atomic was applied at the target.
+  uint64_t old = 0;
+  EXPECT_EQ(cxr_rdma_fadd64(ep, rk, word(0, 0), 0, &old, cxr_now_ns() + 10 * kSec), 0);
+  for (int k = 0; k < kThreads; k++) {
+    uint64_t want[3] = {init[k][0] + kFadds, 100 + (uint64_t)k, 200 + (uint64_t)k}, v[3] = {};
+    for (int64_t end = cxr_now_ns() + 10 * kSec; cxr_now_ns() < end; usleep(10000)) {
+      bool all = true;
+      for (int i = 0; i < 3; i++) {
+        if (cxr_rdma_get(ep, rk, word(k, i), &v[i], 8, cxr_now_ns() + 5 * kSec) != 0) v[i] = 0;
+        all = all && v[i] == want[i];
+      }
+      if (all) break;
+    }
+    for (int i = 0; i < 3; i++) EXPECT_EQ(v[i], want[i]) << "thread " << k << ", word " << i;
+  }
+  // The target lives on, and serves a new connection.
+  ASSERT_FALSE(died_within(peer, 1500)) << "the target process died";
+  cxr_rdma *r2;
+  cxr_rdma_ep *ep2;
+  cxr_rdma_rkey *rk2;
+  ASSERT_EQ(cxr_rdma_open(&r2, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_connect(r2, peer.addr().c_str(), 0, &ep2), 0);
+  ASSERT_EQ(cxr_rdma_rkey_get(ep2, "mem", &rk2, nullptr, nullptr), 0);
+  EXPECT_EQ(cxr_rdma_fadd64(ep2, rk2, word(0, 0), 1, &old, cxr_now_ns() + 5 * kSec), 0);
+  EXPECT_EQ(old, init[0][0] + kFadds);
+  cxr_rdma_close(r2);
   cxr_rdma_ep_close(ep);
-  bool died = false;
-  for (int i = 0; i < 150 && !died; i++, usleep(10000))
-    died = waitpid(peer.p.pid, &ws, WNOHANG) == peer.p.pid;
-  if (died) peer.p.pid = -1;
-  EXPECT_FALSE(died) << "the target process died";
   cxr_rdma_close(r);
+}
+
+// Atomics abandoned at their deadline, then their endpoint and engine closed while the
+// target is still stopped: closing must complete or cancel the requests and free them (LSan
+// under ASan), without a hang or a crash here. Whether the target survives its client
+// vanishing with atomics pending is UCX's business; the test only reports it.
+TEST(RdmaShare, AbandonedAtomicsAreFreedWhenTheirEndpointClosesFirst) {
+  Mem m;
+  ASSERT_NO_FATAL_FAILURE(connect_mem(m));
+  uint64_t old;
+  ASSERT_EQ(cxr_rdma_fadd64(m.ep, m.rk, m.base + 8192, 0, &old, cxr_now_ns() + kCalm), 0);
+  ASSERT_NO_FATAL_FAILURE(stop(m.peer));
+  for (int i = 0; i < 4; i++)
+    EXPECT_EQ(
+        cxr_rdma_fadd64(m.ep, m.rk, m.base + 8192 + 64 * i, 1, &old, cxr_now_ns() + 30 * kMs),
+        CXR_ETIMEDOUT);
+  EXPECT_EQ(cxr_rdma_ep_status(m.ep), 0);
+  int64_t t0 = cxr_now_ns();
+  cxr_rdma_ep_close(m.ep);
+  cxr_rdma_close(m.r);
+  printf("closing with 4 abandoned atomics took %.0f ms\n", (cxr_now_ns() - t0) / 1e6);
+  ASSERT_EQ(kill(m.peer.p.pid, SIGCONT), 0);
+  bool died = died_within(m.peer, 1000);
+  printf("the target %s its client closing with atomics pending\n",
+         died ? "died after" : "survived");
 }
 
 }  // namespace
