@@ -133,8 +133,11 @@ int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **rk, uin
 int cxr_rdma_refresh(cxr_rdma_ep *ep, int64_t deadline_ns);
 
 /* One-sided operations; all wait until done or the absolute deadline (0 = 2 s). A missed
- * deadline ends the endpoint (CXR_ETIMEDOUT now, CXR_ENOTCONN afterwards): UCX cannot
- * cancel a started transfer, and the local buffer must not be touched after return.
+ * deadline of a get or put ends the endpoint (CXR_ETIMEDOUT now, CXR_ENOTCONN afterwards):
+ * UCX cannot cancel a started transfer, and the local buffer must not be touched after
+ * return. A missed deadline of an atomic returns CXR_ETIMEDOUT and leaves the endpoint
+ * open: the operation (its reply in engine-owned memory, never in *old) is abandoned, may
+ * still apply at the target, and is freed when UCX completes or cancels it.
  * Remote ranges are checked against the export before anything is sent (CXR_ERANGE). */
 int cxr_rdma_put(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, const void *src,
                  size_t len, int64_t deadline_ns);
@@ -208,7 +211,9 @@ typedef struct cxr_alock_ref {
 /* budget 0 = CXR_ALOCK_BUDGET. Only while nobody uses the lock. */
 int cxr_alock_init(cxr_alock *l, unsigned budget);
 /* deadline_ns absolute (cxr_now_ns clock; 0 = no deadline). CXR_ETIMEDOUT leaves the queue
- * cleanly; remote errors (CXR_EPEERDEAD...) end the attempt. */
+ * cleanly; remote errors (CXR_EPEERDEAD...) end the attempt. A remote step that misses its
+ * own 2 s bound (CXR_ETIMEDOUT too) spends the ref: later lock/unlock through it return
+ * CXR_ENOTCONN until budget_left is set back to 0 (cxr_alock_lock(3)). */
 int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns);
 int cxr_alock_unlock(cxr_alock_ref *r);
 
