@@ -1,14 +1,18 @@
 // ALock inside one process (the pod cohort only): mutual exclusion between threads, the
 // in-cohort budget, and waiters whose deadline passes leaving the queue cleanly (the
-// releaser passes over them and the lock keeps working).
+// releaser passes over them and the lock keeps working). And one remote participant (a real
+// rdma_peer process holding the lock over UCX on TCP) whose step times out.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <thread>
 #include <vector>
 
 #include <cxrpc/rdma.h>
+#include "tests/rdma/peer.h"
 
 namespace {
 
@@ -94,6 +98,56 @@ TEST(Alock, BadArguments) {
   EXPECT_EQ(cxr_alock_init(nullptr, 0), CXR_EINVAL);
   EXPECT_EQ(cxr_alock_init((cxr_alock *)((char *)l + 8), 0), CXR_EINVAL);  // not aligned
   free(l);
+}
+
+// Starts a peer, connects to it and writes a fresh lock into its memory: `far` reaches it.
+void remote_lock(cxrt::Peer &peer, cxr_rdma *r, cxr_alock_ref *far) {
+  ASSERT_TRUE(peer.start());
+  cxr_rdma_ep *ep;
+  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), cxr_now_ns() + 5000 * kMs, &ep), 0);
+  cxr_rdma_rkey *rk;
+  uint64_t base;
+  ASSERT_EQ(cxr_rdma_rkey_get(ep, "mem", &rk, &base, nullptr), 0);
+  cxr_alock *img = new_lock();  // the lock's initial words
+  ASSERT_NE(img, nullptr);
+  uint64_t addr = (base + 16384 + 63) & ~(uint64_t)63;
+  int rc = cxr_rdma_put(ep, rk, addr, img, sizeof *img, cxr_now_ns() + 5000 * kMs);
+  free(img);
+  ASSERT_EQ(rc, 0);
+  far->ep = ep;
+  far->rk = rk;
+  far->addr = addr;
+}
+
+// A remote step that misses its own 2 s bound (here the first read of a lock wait, its peer
+// SIGSTOPped) spends the ref: later calls through it return CXR_ENOTCONN without touching
+// the lock, even on another endpoint to another lock, since a timed-out atomic step may
+// still apply at the lock later (the endpoint stays open for those) and the participant no
+// longer knows where it stands. Setting budget_left back to 0 makes the ref usable again.
+// (The stopped peer is killed, not resumed: UCX 1.13 may still deliver the reply of the
+// timed-out get into the caller's buffer after the endpoint's force close; docs/rdma.md.)
+TEST(Alock, ARemoteRefWhoseStepTimedOutIsSpent) {
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  cxrt::Peer stopped, fresh;
+  cxr_alock_ref far = {};
+  ASSERT_NO_FATAL_FAILURE(remote_lock(stopped, r, &far));
+  ASSERT_EQ(cxr_alock_lock(&far, cxr_now_ns() + 5000 * kMs), 0);
+  ASSERT_EQ(cxr_alock_unlock(&far), 0);
+  ASSERT_EQ(kill(stopped.p.pid, SIGSTOP), 0);
+  int ws = 0;
+  ASSERT_EQ(waitpid(stopped.p.pid, &ws, WUNTRACED), stopped.p.pid);
+  EXPECT_EQ(cxr_alock_lock(&far, cxr_now_ns() + 100 * kMs), CXR_ETIMEDOUT);
+  stopped.p.kill9();
+  uint64_t spent = far.budget_left;
+  ASSERT_NO_FATAL_FAILURE(remote_lock(fresh, r, &far));
+  EXPECT_EQ(cxr_alock_lock(&far, cxr_now_ns() + 5000 * kMs), CXR_ENOTCONN);
+  EXPECT_EQ(cxr_alock_unlock(&far), CXR_ENOTCONN);
+  EXPECT_EQ(far.budget_left, spent);
+  far.budget_left = 0;
+  EXPECT_EQ(cxr_alock_lock(&far, cxr_now_ns() + 5000 * kMs), 0);
+  EXPECT_EQ(cxr_alock_unlock(&far), 0);
+  cxr_rdma_close(r);
 }
 
 }  // namespace
