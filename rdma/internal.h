@@ -81,6 +81,7 @@ struct cxr_rdma_ep {
   ucp_ep_h uep;
   pthread_rwlock_t ulock;
   atomic_int uclose;    /* 0 open, 1 its handle is being closed, 2 closed */
+  atomic_int amo_open;  /* atomics posted on the handle that UCX has not finished (mem.c) */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */
@@ -168,6 +169,7 @@ typedef struct rdma_op {
   uint64_t value;     /* atomics: compare/swap operand in, old value out */
   void *hdr_copy;     /* freed with the op */
   void *owned;        /* caller's buffer handed over with the send, freed with the op */
+  atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's amo_open) */
 } rdma_op;
 rdma_op *cxr__op_new(void);
 void cxr__op_cb(void *request, ucs_status_t status, void *user_data);

@@ -471,17 +471,19 @@ static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op
     free(a);
     return rc;
   }
+  /* Counted on the endpoint until UCX is done with it: closing the endpoint waits for it
+   * (bounded) rather than force-close over it (ep.c, ep_destroy). */
+  atomic_fetch_add(&ep->amo_open, 1);
+  a->op.open = &ep->amo_open;
   ucs_status_ptr_t sp = ucp_atomic_op_nbx(uep, opc, &a->operand, 1, raddr, rk->rk, &p);
   cxr__ep_unuse(ep);
-  /* cxr__op_wait frees the op (== a) unless abandoned; read the reply first. */
-  if (sp == NULL) {
-    if (old) *old = a->reply;
+  /* The op (== a, its first member) is freed by its callback if abandoned; read the reply
+   * first. Without a request there is no callback to count it down. */
+  if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+    atomic_fetch_sub(&ep->amo_open, 1);
+    if (sp == NULL && old) *old = a->reply;
     free(a);
-    return 0;
-  }
-  if (UCS_PTR_IS_ERR(sp)) {
-    free(a);
-    return cxr__rdma_status(UCS_PTR_STATUS(sp));
+    return sp == NULL ? 0 : cxr__rdma_status(UCS_PTR_STATUS(sp));
   }
   atomic_fetch_add(&ep->r->waiters, 1);
   int64_t deadline = cxr__deadline(deadline_ns), start = cxr_now_ns();

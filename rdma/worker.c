@@ -63,6 +63,7 @@ rdma_op *cxr__op_new(void) {
 
 static void op_finish(rdma_op *op, ucs_status_t status) {
   op->status = status;
+  if (op->open) atomic_fetch_sub(op->open, 1);
   int expect = 0;
   if (!atomic_compare_exchange_strong(&op->state, &expect, 1)) {
     /* The waiter gave up: the op is ours to free. */
