@@ -43,13 +43,15 @@ static bool is_remote(const cxr_alock_ref *r) { return r->local == NULL; }
 static int64_t op_deadline(void) { return cxr_now_ns() + 2000000000; }
 
 /* A remote step that missed its own bound leaves this participant not knowing where it
- * stands: a timed-out atomic (tail swap, node CAS) may still apply at the lock later, its
- * result lost (the endpoint stays open, mem.c), and a timed-out get or put ended the
- * endpoint. So the ref is spent: later calls on it return CXR_ENOTCONN without touching
- * the lock (a retry would enqueue the slot a second time, or act on a grant it never saw).
- * While atomics still force-closed the endpoint, that close refused the later steps; the
- * lock was no more recoverable then (cxr_alock_lock(3), BUGS). budget_left never holds
- * this value otherwise (a budget is an unsigned int). */
+ * stands: a timed-out atomic (tail swap, node CAS) or 8-byte put (node word) may still
+ * apply at the lock later, its result lost, and a timed-out get leaves a read never seen;
+ * the endpoint stays open for all of them (they go through memory the op owns, mem.c), so
+ * nothing refuses the next step. So the ref is spent: later calls on it return CXR_ENOTCONN
+ * without touching the lock (a retry would enqueue the slot a second time, or act on a grant
+ * it never saw). While a timed-out step still force-closed the endpoint, that close refused
+ * the later steps; the lock was no more recoverable then (a write in flight could land all
+ * the same; cxr_alock_lock(3), BUGS). budget_left never holds this value otherwise (a budget
+ * is an unsigned int). */
 #define REF_SPENT UINT64_MAX
 
 static int step(cxr_alock_ref *r, int rc) {

@@ -651,17 +651,17 @@ static int close_uep(cxr_rdma_ep *ep, ucp_ep_h u, rdma_op *op, bool force, int64
   return rc;
 }
 
-/* Waits (bounded, progressing the worker) until no atomic posted on the endpoint is left
- * with UCX: 0 then. */
-static int atomics_done(cxr_rdma_ep *ep, int64_t deadline) {
+/* Waits (bounded, progressing the worker) until no one-sided op (get, put, flush, atomic)
+ * posted on the endpoint is left with UCX: 0 then. */
+static int ops_done(cxr_rdma_ep *ep, int64_t deadline) {
   cxr__rdma_waiter(ep->r, 1);
-  while (atomic_load(&ep->amo_open) > 0 && cxr_now_ns() < deadline)
+  while (atomic_load(&ep->open_ops) > 0 && cxr_now_ns() < deadline)
     if (cxr__rdma_progress(ep->r) == 0) {
       struct timespec ts = {0, 50000};
       nanosleep(&ts, NULL);
     }
   cxr__rdma_waiter(ep->r, -1);
-  return atomic_load(&ep->amo_open);
+  return atomic_load(&ep->open_ops);
 }
 
 /* Another thread took the handle out and is closing it: wait (bounded) until it is closed. */
@@ -704,27 +704,29 @@ static void ep_destroy(cxr_rdma_ep *ep) {
   rdma_op *op = cxr__op_new();
   ucp_ep_h u = op ? take_uep(ep) : NULL;
   if (u) {
-    /* A flush to a silent peer could take forever: bound it, then force. Atomics still
-     * with UCX (abandoned at their deadline, mem.c) get a bounded wait first; if they do
-     * not finish, the close is forced: a graceful close that does not finish leaves them
-     * on the handle, and UCX 1.13 asserts on them when the worker is destroyed, while the
-     * force close cancels them and their callbacks free them. (A target resuming with
+    /* A flush to a silent peer could take forever: bound it, then force. One-sided ops
+     * still with UCX (atomics and small gets/puts abandoned at their deadline, mem.c) get a
+     * bounded wait first; if they do not finish, the close is forced: a graceful close that
+     * does not finish leaves them on the handle, and UCX 1.13 asserts on them when the
+     * worker is destroyed, while the force close cancels them and their callbacks release
+     * them (parked until the worker is destroyed: rdma_op.keep). (A target resuming with
      * atomics of a force-closed endpoint pending may abort in UCX 1.13: docs/rdma.md; only
      * a target silent for the whole wait gets there.) A separate ucp_ep_flush_nbx instead
      * of this wait crashed now and then: UCX 1.13 purging the pending flush request at the
      * force close (ucp_ep_req_purge, ucp_request_memory_dereg, SEGV). */
     bool force = atomic_load(&ep->status) != 0 ||
-                 atomics_done(ep, cxr_now_ns() + 200000000) != 0;
+                 ops_done(ep, cxr_now_ns() + 200000000) != 0;
     int rc = close_uep(ep, u, op, force, cxr_now_ns() + 200000000);
     if (rc == CXR_ETIMEDOUT) CXR_DEBUG("rdma: close of %s did not finish", ep->host);
   } else {
     free(op);
     wait_closed(ep, cxr_now_ns() + 1100000000);  /* a missed deadline's close under way */
   }
-  /* The close cancels what was left; an atomic's callback still to come would count down
-   * in freed memory: keep the endpoint then (not seen; the close is bounded at 1 s). */
-  if (atomics_done(ep, cxr_now_ns() + 100000000) != 0) {
-    CXR_WARN("rdma: atomics to %s outlived the endpoint's close; its memory is kept", ep->host);
+  /* The close cancels what was left; an op's callback still to come would count down in
+   * freed memory: keep the endpoint then (not seen; the close is bounded at 1 s). */
+  if (ops_done(ep, cxr_now_ns() + 100000000) != 0) {
+    CXR_WARN("rdma: one-sided ops to %s outlived the endpoint's close; its memory is kept",
+             ep->host);
     return;
   }
   pthread_rwlock_destroy(&ep->ulock);

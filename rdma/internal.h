@@ -81,7 +81,7 @@ struct cxr_rdma_ep {
   ucp_ep_h uep;
   pthread_rwlock_t ulock;
   atomic_int uclose;    /* 0 open, 1 its handle is being closed, 2 closed */
-  atomic_int amo_open;  /* atomics posted on the handle that UCX has not finished (mem.c) */
+  atomic_int open_ops;  /* one-sided ops posted on the handle that UCX has not finished (mem.c) */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */
@@ -128,6 +128,10 @@ struct cxr_rdma {
   bool thread_started;
   atomic_bool stop;
   atomic_int waiters;
+  /* Small gets/puts that UCX ended with an error (cancelled by a close, endpoint failed):
+   * their op-owned buffers are kept until the worker is destroyed, since UCX 1.13 was seen
+   * writing a get's late reply after a force close (mem.c). Under lock. */
+  struct rdma_op *graves;
   atomic_int asleep;   /* the progress thread sleeps on the event fd: wake it to defer */
   void (*tick)(void *);
   void *tick_user;
@@ -169,9 +173,17 @@ typedef struct rdma_op {
   uint64_t value;     /* atomics: compare/swap operand in, old value out */
   void *hdr_copy;     /* freed with the op */
   void *owned;        /* caller's buffer handed over with the send, freed with the op */
-  atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's amo_open) */
+  atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops) */
+  cxr_rdma *keep;     /* set: ended with an error, the op is parked on keep->graves, not freed */
+  struct rdma_op *next;  /* on keep->graves */
 } rdma_op;
 rdma_op *cxr__op_new(void);
+/* Frees a finished op (what it owns too), or parks it (see `keep`). */
+void cxr__op_release(rdma_op *op);
+/* Waits for an op UCX holds until `deadline`: 0 once it finished (the op is still the
+ * caller's: read op->status, then cxr__op_release), or CXR_ETIMEDOUT: abandoned, its
+ * callback releases it. */
+int cxr__op_await(cxr_rdma *r, rdma_op *op, int64_t deadline);
 void cxr__op_cb(void *request, ucs_status_t status, void *user_data);
 /* Request parameters that complete `op` through cxr__op_cb. */
 static inline ucp_request_param_t cxr__op_param(rdma_op *op) {

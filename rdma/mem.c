@@ -332,9 +332,19 @@ static int check(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, size_t len)
   return atomic_load(&ep->status);
 }
 
-/* A missed deadline: UCX cannot cancel a started transfer, so end the endpoint to make
- * sure nothing touches the caller's buffer after we return. Other threads' requests on it
- * are cancelled too; their calls return an error (cxr__ep_end, ep.c). */
+/* Gets and puts of at most this many bytes go through memory the op owns (rma_small), so a
+ * missed deadline can abandon the op and leave the endpoint open: UCX never holds the
+ * caller's buffer. 64 KiB covers the small transfers deadlines usually guard (ALock's 8-byte
+ * steps, records, headers) at the cost of one malloc and one memcpy per op, noise next to a
+ * network round trip; above it the copy starts to cost as much as the transfer, and every op
+ * abandoned at a silent target would hold that much heap until the target answers or the
+ * endpoint closes. Larger transfers use the caller's buffer and end the endpoint instead. */
+#define RMA_BOUNCE_MAX ((size_t)64 * 1024)
+
+/* A missed deadline of a transfer larger than RMA_BOUNCE_MAX: UCX cannot cancel a started
+ * transfer, so end the endpoint, hoping nothing touches the caller's buffer after we return
+ * (UCX 1.13 does not promise it: docs/rdma.md). Other threads' requests on it are cancelled
+ * too; their calls return an error (cxr__ep_end, ep.c). */
 static int finish(cxr_rdma_ep *ep, int rc) {
   if (rc == CXR_ETIMEDOUT) cxr__ep_end(ep);
   return rc;
@@ -342,23 +352,38 @@ static int finish(cxr_rdma_ep *ep, int rc) {
 
 enum { RMA_GET, RMA_PUT, RMA_FLUSH };
 
-/* Posts one get, put or flush on the endpoint's handle (held only while posting) and waits
- * for it until `deadline`. */
-static int rma_one(cxr_rdma_ep *ep, int kind, cxr_rdma_rkey *rk, uint64_t raddr, void *buf,
-                   size_t len, int64_t deadline) {
-  rdma_op *op = cxr__op_new();
-  if (op == NULL) return CXR_ENOMEM;
+/* Posts a get, put or flush of `op` on the endpoint's handle (held only while posting),
+ * counted on the endpoint's open_ops until UCX is done with it: closing the endpoint waits
+ * for them (bounded) before it closes, and never frees the endpoint under a callback still
+ * to come (ep.c, ep_destroy). Returns what UCX returned; without a request (done in place,
+ * or an error) nothing was counted. */
+static ucs_status_ptr_t rma_post(cxr_rdma_ep *ep, rdma_op *op, int kind, cxr_rdma_rkey *rk,
+                                 uint64_t raddr, void *buf, size_t len, int *rc) {
   ucp_ep_h uep;
-  int rc = cxr__ep_use(ep, &uep);
-  if (rc) {
-    free(op);
-    return rc;
-  }
+  *rc = cxr__ep_use(ep, &uep);
+  if (*rc) return NULL;
   ucp_request_param_t p = cxr__op_param(op);
+  atomic_fetch_add(&ep->open_ops, 1);
+  op->open = &ep->open_ops;
   ucs_status_ptr_t sp = kind == RMA_PUT   ? ucp_put_nbx(uep, buf, len, raddr, rk->rk, &p)
                         : kind == RMA_GET ? ucp_get_nbx(uep, buf, len, raddr, rk->rk, &p)
                                           : ucp_ep_flush_nbx(uep, &p);
   cxr__ep_unuse(ep);
+  if (sp == NULL || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(&ep->open_ops, 1);
+  return sp;
+}
+
+/* One get, put or flush on the caller's buffer, waited for until `deadline`. */
+static int rma_one(cxr_rdma_ep *ep, int kind, cxr_rdma_rkey *rk, uint64_t raddr, void *buf,
+                   size_t len, int64_t deadline) {
+  rdma_op *op = cxr__op_new();
+  if (op == NULL) return CXR_ENOMEM;
+  int rc;
+  ucs_status_ptr_t sp = rma_post(ep, op, kind, rk, raddr, buf, len, &rc);
+  if (rc) {
+    free(op);
+    return rc;
+  }
   return cxr__op_wait(ep->r, sp, op, deadline);
 }
 
@@ -368,6 +393,39 @@ static int rma(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, si
   /* A put is complete locally; flush so it is visible at the target on return. */
   if (rc == 0 && is_put) rc = rma_one(ep, RMA_FLUSH, rk, raddr, buf, len, deadline);
   return finish(ep, rc);
+}
+
+/* A get or put of at most RMA_BOUNCE_MAX bytes through the op's own buffer (one allocation
+ * with the op), as the atomics below: a put copies the caller's bytes in before posting, a
+ * get copies out only on success. A missed deadline abandons the op (state 2, cxr__op_await)
+ * and returns CXR_ETIMEDOUT at once; the endpoint stays open (the target may only be slow)
+ * and the op's callback releases it when UCX completes or cancels it. An op UCX ended with
+ * an error is parked until the worker is destroyed rather than freed (rdma_op.keep): UCX
+ * 1.13 was seen copying a get's reply after a force close. The put's flush is as in rma(). */
+static int rma_small(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, size_t len,
+                     bool is_put, int64_t deadline) {
+  typedef struct {
+    rdma_op op;
+    _Alignas(16) unsigned char data[];
+  } small_op;
+  small_op *s = malloc(sizeof *s + len);
+  if (s == NULL) return CXR_ENOMEM;
+  memset(&s->op, 0, sizeof s->op);
+  s->op.keep = ep->r;
+  if (is_put) memcpy(s->data, buf, len);
+  int rc;
+  ucs_status_ptr_t sp = rma_post(ep, &s->op, is_put ? RMA_PUT : RMA_GET, rk, raddr, s->data,
+                                 len, &rc);
+  if (rc == 0 && sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+    if (cxr__op_await(ep->r, &s->op, deadline) != 0) return CXR_ETIMEDOUT;
+    rc = cxr__rdma_status(s->op.status);
+  } else if (rc == 0 && sp != NULL) {
+    rc = cxr__rdma_status(UCS_PTR_STATUS(sp));
+  }
+  if (rc == 0 && !is_put) memcpy(buf, s->data, len);
+  cxr__op_release(&s->op);  /* parked if UCX ended it with an error */
+  if (rc == 0 && is_put) rc = rma_one(ep, RMA_FLUSH, rk, raddr, NULL, 0, deadline);
+  return rc;
 }
 
 /* Finds (or makes) a cached registration covering [p, p + len) and holds it. */
@@ -407,6 +465,8 @@ static int transfer(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *bu
   if (buf == NULL) return CXR_EINVAL;
   cxr_rdma *r = ep->r;
   int64_t deadline = cxr__deadline(deadline_ns);
+  /* Small: the op's own buffer (never registered by us; UCX copies or registers it itself). */
+  if (len <= RMA_BOUNCE_MAX) return rma_small(ep, rk, raddr, buf, len, is_put, deadline);
   if (r->pin_mode != CXR_RDMA_PIN_ALWAYS) return rma(ep, rk, raddr, buf, len, is_put, deadline);
   cxr_rdma_mr *m = rcache_get(r, buf, len);
   if (m) {
@@ -461,6 +521,7 @@ static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op
   if (a == NULL) return CXR_ENOMEM;
   a->operand = operand;
   a->reply = reply_in;
+  a->op.keep = ep->r;  /* its reply buffer, like a small get's: parked if UCX ends it failing */
   ucp_request_param_t p = cxr__op_param(&a->op);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
   p.datatype = ucp_dt_make_contig(8);
@@ -473,28 +534,22 @@ static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op
   }
   /* Counted on the endpoint until UCX is done with it: closing the endpoint waits for it
    * (bounded) rather than force-close over it (ep.c, ep_destroy). */
-  atomic_fetch_add(&ep->amo_open, 1);
-  a->op.open = &ep->amo_open;
+  atomic_fetch_add(&ep->open_ops, 1);
+  a->op.open = &ep->open_ops;
   ucs_status_ptr_t sp = ucp_atomic_op_nbx(uep, opc, &a->operand, 1, raddr, rk->rk, &p);
   cxr__ep_unuse(ep);
   /* The op (== a, its first member) is freed by its callback if abandoned; read the reply
    * first. Without a request there is no callback to count it down. */
   if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-    atomic_fetch_sub(&ep->amo_open, 1);
+    atomic_fetch_sub(&ep->open_ops, 1);
     if (sp == NULL && old) *old = a->reply;
     free(a);
     return sp == NULL ? 0 : cxr__rdma_status(UCS_PTR_STATUS(sp));
   }
-  atomic_fetch_add(&ep->r->waiters, 1);
-  int64_t deadline = cxr__deadline(deadline_ns), start = cxr_now_ns();
-  while (atomic_load(&a->op.state) == 0 && cxr_now_ns() < deadline)
-    if (ucp_worker_progress(ep->r->worker) == 0 && cxr_now_ns() - start > 200000) usleep(50);
-  atomic_fetch_sub(&ep->r->waiters, 1);
-  int expect = 0;
-  if (atomic_compare_exchange_strong(&a->op.state, &expect, 2)) return CXR_ETIMEDOUT;
+  if (cxr__op_await(ep->r, &a->op, cxr__deadline(deadline_ns)) != 0) return CXR_ETIMEDOUT;
   rc = cxr__rdma_status(a->op.status);
   if (rc == 0 && old) *old = a->reply;
-  free(a);
+  cxr__op_release(&a->op);
   return rc;
 }
 

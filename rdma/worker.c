@@ -61,16 +61,25 @@ rdma_op *cxr__op_new(void) {
   return op;
 }
 
+void cxr__op_release(rdma_op *op) {
+  if (op->keep != NULL && op->status != UCS_OK) {
+    pthread_mutex_lock(&op->keep->lock);
+    op->next = op->keep->graves;
+    op->keep->graves = op;
+    pthread_mutex_unlock(&op->keep->lock);
+    return;
+  }
+  free(op->hdr_copy);
+  free(op->owned);
+  free(op);
+}
+
 static void op_finish(rdma_op *op, ucs_status_t status) {
   op->status = status;
   if (op->open) atomic_fetch_sub(op->open, 1);
   int expect = 0;
-  if (!atomic_compare_exchange_strong(&op->state, &expect, 1)) {
-    /* The waiter gave up: the op is ours to free. */
-    free(op->hdr_copy);
-    free(op->owned);
-    free(op);
-  }
+  /* The waiter gave up: the op is ours to release. */
+  if (!atomic_compare_exchange_strong(&op->state, &expect, 1)) cxr__op_release(op);
 }
 
 void cxr__op_cb(void *request, ucs_status_t status, void *user_data) {
@@ -80,19 +89,7 @@ void cxr__op_cb(void *request, ucs_status_t status, void *user_data) {
 
 static void cpu_relax(void) { __asm__ __volatile__("pause" ::: "memory"); }
 
-int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline) {
-  if (p == NULL) {  /* completed in place */
-    free(op->hdr_copy);
-    free(op->owned);
-    free(op);
-    return 0;
-  }
-  if (UCS_PTR_IS_ERR(p)) {
-    free(op->hdr_copy);
-    free(op->owned);
-    free(op);
-    return cxr__rdma_status(UCS_PTR_STATUS(p));
-  }
+int cxr__op_await(cxr_rdma *r, rdma_op *op, int64_t deadline) {
   atomic_fetch_add(&r->waiters, 1);
   int64_t start = cxr_now_ns(), now = start;
   /* Busy-poll the worker ourselves (the lowest latency); after a while, back off so a
@@ -110,7 +107,23 @@ int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline)
   }
   atomic_fetch_sub(&r->waiters, 1);
   int expect = 0;
-  if (atomic_compare_exchange_strong(&op->state, &expect, 2)) return CXR_ETIMEDOUT;
+  return atomic_compare_exchange_strong(&op->state, &expect, 2) ? CXR_ETIMEDOUT : 0;
+}
+
+int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline) {
+  if (p == NULL) {  /* completed in place */
+    free(op->hdr_copy);
+    free(op->owned);
+    free(op);
+    return 0;
+  }
+  if (UCS_PTR_IS_ERR(p)) {
+    free(op->hdr_copy);
+    free(op->owned);
+    free(op);
+    return cxr__rdma_status(UCS_PTR_STATUS(p));
+  }
+  if (cxr__op_await(r, op, deadline) != 0) return CXR_ETIMEDOUT;
   int rc = cxr__rdma_status(op->status);
   free(op->hdr_copy);
   free(op->owned);
@@ -675,6 +688,13 @@ void cxr_rdma_close(cxr_rdma *r) {
   }
   if (r->worker) ucp_worker_destroy(r->worker);
   if (r->ctx) ucp_cleanup(r->ctx);
+  /* UCX is gone: nothing can write into the parked ops' buffers any more. */
+  for (rdma_op *op = r->graves, *n; op; op = n) {
+    n = op->next;
+    free(op->hdr_copy);
+    free(op->owned);
+    free(op);
+  }
   pthread_mutex_destroy(&r->lock);
   pthread_mutex_destroy(&r->bounce_lock);
   free(r);

@@ -124,8 +124,8 @@ void remote_lock(cxrt::Peer &peer, cxr_rdma *r, cxr_alock_ref *far) {
 // the lock, even on another endpoint to another lock, since a timed-out atomic step may
 // still apply at the lock later (the endpoint stays open for those) and the participant no
 // longer knows where it stands. Setting budget_left back to 0 makes the ref usable again.
-// (The stopped peer is killed, not resumed: UCX 1.13 may still deliver the reply of the
-// timed-out get into the caller's buffer after the endpoint's force close; docs/rdma.md.)
+// The timed-out step (8 bytes) leaves its endpoint open, and the stopped peer, resumed, gets
+// the late request: its reply lands in the op's own memory, not in the step's stack word.
 TEST(Alock, ARemoteRefWhoseStepTimedOutIsSpent) {
   cxr_rdma *r;
   ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
@@ -138,7 +138,11 @@ TEST(Alock, ARemoteRefWhoseStepTimedOutIsSpent) {
   int ws = 0;
   ASSERT_EQ(waitpid(stopped.p.pid, &ws, WUNTRACED), stopped.p.pid);
   EXPECT_EQ(cxr_alock_lock(&far, cxr_now_ns() + 100 * kMs), CXR_ETIMEDOUT);
-  stopped.p.kill9();
+  cxr_rdma_ep *stopped_ep = far.ep;
+  cxr_rdma_rkey *stopped_rk = far.rk;
+  uint64_t stopped_addr = far.addr;
+  EXPECT_EQ(cxr_rdma_ep_status(stopped_ep), 0) << "a timed-out 8-byte step ended the endpoint";
+  ASSERT_EQ(kill(stopped.p.pid, SIGCONT), 0);
   uint64_t spent = far.budget_left;
   ASSERT_NO_FATAL_FAILURE(remote_lock(fresh, r, &far));
   EXPECT_EQ(cxr_alock_lock(&far, cxr_now_ns() + 5000 * kMs), CXR_ENOTCONN);
@@ -147,6 +151,9 @@ TEST(Alock, ARemoteRefWhoseStepTimedOutIsSpent) {
   far.budget_left = 0;
   EXPECT_EQ(cxr_alock_lock(&far, cxr_now_ns() + 5000 * kMs), 0);
   EXPECT_EQ(cxr_alock_unlock(&far), 0);
+  uint64_t w;  // the resumed peer's endpoint still serves
+  EXPECT_EQ(cxr_rdma_get(stopped_ep, stopped_rk, stopped_addr, &w, 8, cxr_now_ns() + 5000 * kMs),
+            0);
   cxr_rdma_close(r);
 }
 
