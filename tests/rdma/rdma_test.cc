@@ -235,11 +235,16 @@ void connect_and_stop(Stopped &s) {
 }
 
 // Resumes the peer and lets the engine run what it still had pending (the late reply or
-// completion of a timed-out op) for about 200 ms: gets answered in that time progress the
-// worker as a caller would, and the progress thread runs meanwhile. The endpoint must work.
-void resume_and_settle(Peer &peer, cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t base) {
+// completion of a timed-out op) for 200 ms: its progress thread polls the worker meanwhile.
+void resume(Peer &peer) {
   ASSERT_EQ(kill(peer.p.pid, SIGCONT), 0);
-  for (int i = 0; i < 20; i++) {
+  usleep(200000);
+}
+
+// The endpoint serves gets (10 of them, 10 ms apart, each progressing the worker as a
+// caller does).
+void serves(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t base) {
+  for (int i = 0; i < 10; i++) {
     unsigned char v[16];
     ASSERT_EQ(cxr_rdma_get(ep, rk, base + 256, v, sizeof v, cxr_now_ns() + 5 * kSec), 0) << i;
     for (int j = 0; j < 16; j++) ASSERT_EQ(v[j], (unsigned char)(j & 0xff));
@@ -252,7 +257,8 @@ TEST(Rdma, ASmallGetThatTimesOutNeverWritesTheCallersBufferAndLeavesTheEndpointO
   // timed out, it returns at once, the endpoint stays open, and its late reply, once the
   // target resumes, lands in the op's memory, not in the caller's buffer (which the caller
   // may reuse at once: here refilled with a pattern). Before, the timeout force-closed the
-  // endpoint, and UCX 1.13 was seen copying the late reply into the caller's buffer anyway.
+  // endpoint, and UCX 1.13's progress thread still copied the late reply into the caller's
+  // buffer now and then (TSan: a race on it, 2 runs in 6, with the peer resumed for 300 ms).
   Stopped s;
   ASSERT_NO_FATAL_FAILURE(connect_and_stop(s));
   const size_t kLen = 4096;  // the target's bytes there are i & 0xff, never all 0xa5
@@ -263,8 +269,11 @@ TEST(Rdma, ASmallGetThatTimesOutNeverWritesTheCallersBufferAndLeavesTheEndpointO
   EXPECT_LT(cxr_now_ns() - t0, 2 * kSec);  // at once, not after some close (a loose bound)
   memset(b, 0xa5, kLen);
   EXPECT_EQ(cxr_rdma_ep_status(s.ep), 0) << "a small get's timeout ended the endpoint";
-  ASSERT_NO_FATAL_FAILURE(resume_and_settle(s.peer, s.ep, s.rk, s.base));
+  ASSERT_NO_FATAL_FAILURE(resume(s.peer));
   size_t changed = 0;
+  for (size_t i = 0; i < kLen; i++) changed += b[i] != 0xa5;
+  EXPECT_EQ(changed, 0u) << "bytes of the caller's buffer written after the get returned";
+  ASSERT_NO_FATAL_FAILURE(serves(s.ep, s.rk, s.base));
   for (size_t i = 0; i < kLen; i++) changed += b[i] != 0xa5;
   EXPECT_EQ(changed, 0u) << "bytes of the caller's buffer written after the get returned";
   // And the endpoint still serves gets and puts of both sizes.
@@ -294,7 +303,8 @@ TEST(Rdma, ASmallPutThatTimesOutSendsItsOwnCopyAndLeavesTheEndpointOpen) {
   memset(b, 0xee, kLen);
   free(b);
   EXPECT_EQ(cxr_rdma_ep_status(s.ep), 0) << "a small put's timeout ended the endpoint";
-  ASSERT_NO_FATAL_FAILURE(resume_and_settle(s.peer, s.ep, s.rk, s.base));
+  ASSERT_NO_FATAL_FAILURE(resume(s.peer));
+  ASSERT_NO_FATAL_FAILURE(serves(s.ep, s.rk, s.base));
   // The abandoned put was on the wire before the target stopped: it applies, whole, with the
   // caller's bytes of the time of the call (bounded wait).
   std::vector<unsigned char> v(kLen);
