@@ -352,25 +352,37 @@ static int finish(cxr_rdma_ep *ep, int rc) {
 
 enum { RMA_GET, RMA_PUT, RMA_FLUSH };
 
-/* Posts a get, put or flush of `op` on the endpoint's handle (held only while posting),
- * counted on the endpoint's open_ops until UCX is done with it: closing the endpoint waits
- * for them (bounded) before it closes, and never frees the endpoint under a callback still
- * to come (ep.c, ep_destroy). Returns what UCX returned; without a request (done in place,
- * or an error) nothing was counted. */
-static ucs_status_ptr_t rma_post(cxr_rdma_ep *ep, rdma_op *op, int kind, cxr_rdma_rkey *rk,
-                                 uint64_t raddr, void *buf, size_t len, int *rc) {
-  ucp_ep_h uep;
-  *rc = cxr__ep_use(ep, &uep);
-  if (*rc) return NULL;
-  ucp_request_param_t p = cxr__op_param(op);
+/* A one-sided op is posted between these two: the endpoint's handle is held only while
+ * posting, and the op is counted on the endpoint's open_ops until UCX is done with it:
+ * closing the endpoint waits for them (bounded) before it closes, and never frees the
+ * endpoint under a callback still to come (ep.c, ep_destroy). post_begin: 0 with the handle
+ * in *uep, or the endpoint's status (nothing taken). post_end gives the handle back and
+ * returns what UCX returned; without a request (done in place, or an error) there is no
+ * callback to count the op down, so it does. */
+static int post_begin(cxr_rdma_ep *ep, rdma_op *op, ucp_ep_h *uep) {
+  int rc = cxr__ep_use(ep, uep);
+  if (rc) return rc;
   atomic_fetch_add(&ep->open_ops, 1);
   op->open = &ep->open_ops;
-  ucs_status_ptr_t sp = kind == RMA_PUT   ? ucp_put_nbx(uep, buf, len, raddr, rk->rk, &p)
-                        : kind == RMA_GET ? ucp_get_nbx(uep, buf, len, raddr, rk->rk, &p)
-                                          : ucp_ep_flush_nbx(uep, &p);
+  return 0;
+}
+
+static ucs_status_ptr_t post_end(cxr_rdma_ep *ep, ucs_status_ptr_t sp) {
   cxr__ep_unuse(ep);
   if (sp == NULL || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(&ep->open_ops, 1);
   return sp;
+}
+
+/* Posts a get, put or flush of `op` (post_begin/post_end). */
+static ucs_status_ptr_t rma_post(cxr_rdma_ep *ep, rdma_op *op, int kind, cxr_rdma_rkey *rk,
+                                 uint64_t raddr, void *buf, size_t len, int *rc) {
+  ucp_ep_h uep;
+  *rc = post_begin(ep, op, &uep);
+  if (*rc) return NULL;
+  ucp_request_param_t p = cxr__op_param(op);
+  return post_end(ep, kind == RMA_PUT   ? ucp_put_nbx(uep, buf, len, raddr, rk->rk, &p)
+                      : kind == RMA_GET ? ucp_get_nbx(uep, buf, len, raddr, rk->rk, &p)
+                                        : ucp_ep_flush_nbx(uep, &p));
 }
 
 /* One get, put or flush on the caller's buffer, waited for until `deadline`. */
@@ -527,21 +539,16 @@ static int amo(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, ucp_atomic_op
   p.datatype = ucp_dt_make_contig(8);
   p.reply_buffer = &a->reply;
   ucp_ep_h uep;
-  rc = cxr__ep_use(ep, &uep);
+  rc = post_begin(ep, &a->op, &uep);
   if (rc) {
     free(a);
     return rc;
   }
-  /* Counted on the endpoint until UCX is done with it: closing the endpoint waits for it
-   * (bounded) rather than force-close over it (ep.c, ep_destroy). */
-  atomic_fetch_add(&ep->open_ops, 1);
-  a->op.open = &ep->open_ops;
-  ucs_status_ptr_t sp = ucp_atomic_op_nbx(uep, opc, &a->operand, 1, raddr, rk->rk, &p);
-  cxr__ep_unuse(ep);
+  ucs_status_ptr_t sp =
+      post_end(ep, ucp_atomic_op_nbx(uep, opc, &a->operand, 1, raddr, rk->rk, &p));
   /* The op (== a, its first member) is freed by its callback if abandoned; read the reply
-   * first. Without a request there is no callback to count it down. */
+   * first. */
   if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-    atomic_fetch_sub(&ep->open_ops, 1);
     if (sp == NULL && old) *old = a->reply;
     free(a);
     return sp == NULL ? 0 : cxr__rdma_status(UCS_PTR_STATUS(sp));

@@ -61,6 +61,13 @@ rdma_op *cxr__op_new(void) {
   return op;
 }
 
+/* Frees an op and what it owns. */
+static void op_free(rdma_op *op) {
+  free(op->hdr_copy);
+  free(op->owned);
+  free(op);
+}
+
 void cxr__op_release(rdma_op *op) {
   if (op->keep != NULL && op->status != UCS_OK) {
     pthread_mutex_lock(&op->keep->lock);
@@ -69,9 +76,7 @@ void cxr__op_release(rdma_op *op) {
     pthread_mutex_unlock(&op->keep->lock);
     return;
   }
-  free(op->hdr_copy);
-  free(op->owned);
-  free(op);
+  op_free(op);
 }
 
 static void op_finish(rdma_op *op, ucs_status_t status) {
@@ -112,22 +117,16 @@ int cxr__op_await(cxr_rdma *r, rdma_op *op, int64_t deadline) {
 
 int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline) {
   if (p == NULL) {  /* completed in place */
-    free(op->hdr_copy);
-    free(op->owned);
-    free(op);
+    op_free(op);
     return 0;
   }
   if (UCS_PTR_IS_ERR(p)) {
-    free(op->hdr_copy);
-    free(op->owned);
-    free(op);
+    op_free(op);
     return cxr__rdma_status(UCS_PTR_STATUS(p));
   }
   if (cxr__op_await(r, op, deadline) != 0) return CXR_ETIMEDOUT;
   int rc = cxr__rdma_status(op->status);
-  free(op->hdr_copy);
-  free(op->owned);
-  free(op);
+  op_free(op);
   return rc;
 }
 
@@ -381,8 +380,7 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
   if (hlen) {
     op->hdr_copy = malloc(hlen);
     if (op->hdr_copy == NULL) {
-      free(op->owned);
-      free(op);
+      op_free(op);
       return CXR_ENOMEM;
     }
     memcpy(op->hdr_copy, hdr, hlen);
@@ -403,25 +401,19 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
   }
   int rc = ep ? cxr__ep_use(ep, &uep) : 0;
   if (rc) {
-    free(op->hdr_copy);
-    free(op->owned);
-    free(op);
+    op_free(op);
     return rc;
   }
   ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
   if (ep) cxr__ep_unuse(ep);
   if (!wait) {
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-      free(op->hdr_copy);
-      free(op->owned);
-      free(op);
+      op_free(op);
       return sp == NULL ? 0 : cxr__rdma_status(UCS_PTR_STATUS(sp));
     }
     int expect = 0;  /* hand the op to its callback */
     if (!atomic_compare_exchange_strong(&op->state, &expect, 2)) {
-      free(op->hdr_copy);
-      free(op->owned);
-      free(op);
+      op_free(op);
     }
     return 0;
   }
@@ -691,9 +683,7 @@ void cxr_rdma_close(cxr_rdma *r) {
   /* UCX is gone: nothing can write into the parked ops' buffers any more. */
   for (rdma_op *op = r->graves, *n; op; op = n) {
     n = op->next;
-    free(op->hdr_copy);
-    free(op->owned);
-    free(op);
+    op_free(op);
   }
   pthread_mutex_destroy(&r->lock);
   pthread_mutex_destroy(&r->bounce_lock);

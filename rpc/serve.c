@@ -136,6 +136,12 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   if (out_len) ctr_add(ch, &ctr->bytes_out, out_len);
 }
 
+/* Starts a poll pass: bumps this worker's pass counter (release) before it reads `members`,
+ * `live` or any ring (see cxr__wpass). Only its worker writes it. */
+static void pass_begin(cxr__wpass *ws) {
+  __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+}
+
 /* The next connection of active-map word w (its bit taken out of *bits) that is live and
  * not retiring, or NULL when the word has no more. `live` is read before anything else of
  * the connection (see cxr__wpass). */
@@ -185,7 +191,7 @@ static void watch_rebuild(cxr_channel *ch, watch_list *wl) {
 
 /* One pass of a single worker. Returns how many calls it handled. */
 static unsigned poll_watched(cxr_channel *ch, cxr__wpass *ws, watch_list *wl) {
-  __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+  pass_begin(ws);
   unsigned members = __atomic_load_n(&ch->members, __ATOMIC_ACQUIRE), n = 0;
   bool changed = members != wl->members;
   for (unsigned w = 0, words = (ch->o.max_conns + 63) / 64; w < words; w++) {
@@ -220,7 +226,7 @@ static unsigned poll_watched(cxr_channel *ch, cxr__wpass *ws, watch_list *wl) {
  * handled. */
 static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
   cxr__chan_block *cb = ch->cb;
-  __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+  pass_begin(ws);
   unsigned words = (ch->o.max_conns + 63) / 64, n = 0;
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = CXR__LD(&cb->active[w]);
@@ -238,7 +244,7 @@ static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
 
 static bool any_request(cxr_channel *ch, cxr__wpass *ws) {
   unsigned words = (ch->o.max_conns + 63) / 64;
-  __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+  pass_begin(ws);
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = CXR__LD(&ch->cb->active[w]);
     for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;)
