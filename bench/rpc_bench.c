@@ -6,8 +6,12 @@
  *                polled before the caller's), calls/s with 1 and 2 client
  *                threads (a connection each) and with 16 calls in flight, connect time
  *                (from the ready pool), and the CPU an idle server uses (/proc/PID/stat).
+ *   rings alone  the same server answering descriptors a client pushes and pops on the
+ *                connection's rings directly (rpc/internal.h), without the pending table,
+ *                futures or checks of a call: how much of the round trip is the rings and
+ *                the server, how much the client's bookkeeping.
  * Usage: rpc_bench [seconds per throughput run, default 1]
- *        rpc_bench --rtt    (the floor and the round trip only)
+ *        rpc_bench --rtt    (the floor, the round trip and the rings alone only)
  * Heaps live under a fresh CXRPC_ROOT on /dev/shm (tmpfs: emulated CXL memory).
  */
 #include <errno.h>
@@ -25,6 +29,8 @@
 #include <unistd.h>
 
 #include <cxrpc/rpc.h>
+
+#include "rpc/internal.h" /* the rings-alone row only */
 
 #define M_NOOP 1
 
@@ -176,6 +182,28 @@ static void rpc_rtt(cxr_conn *c, int n, int64_t *lat) {
   if (errors) fprintf(stderr, "rpc_bench: %d failed calls\n", errors);
 }
 
+/* The rings alone: a no-op descriptor pushed on the request ring (with the doorbell a call
+ * rings) and its answer popped from the response ring, no pending table. The call id is
+ * one the server accepts (generation 1, entry 0); no real call is in flight meanwhile. */
+static void rings_rtt(cxr_conn *c, int n, int64_t *lat) {
+  cxr__rview req, resp;
+  if (cxr__conn_rings(c, &req, &resp) != 0) return;
+  for (int i = -2000; i < n; i++) {
+    int64_t t0 = cxr_now_ns();
+    cxr__desc d, o;
+    cxr__desc_set(&d, 1ull << 32, M_NOOP, 0);
+    while (cxr__conn_push_raw(c, &d) != 0) cxr__cpu_relax();
+    for (unsigned k = 0; cxr__ring_pop(&resp, &o) != 0; k++) {
+      cxr__cpu_relax();
+      if ((k & 0xffff) == 0xffff && cxr_now_ns() - t0 > 1000000000) {
+        fprintf(stderr, "rpc_bench: no answer on the rings\n");
+        exit(1);
+      }
+    }
+    if (i >= 0) lat[i] = cxr_now_ns() - t0;
+  }
+}
+
 typedef struct tput_arg {
   const char *name;
   double seconds;
@@ -300,10 +328,12 @@ int main(int argc, char **argv) {
    * alternating rounds, and each round's ratio compares like with like. */
   enum { ROUNDS = 7, PER = 30000 };
   int64_t *fl = malloc(sizeof(int64_t) * ROUNDS * PER), *rl = malloc(sizeof(int64_t) * ROUNDS * PER);
-  int64_t fmed[ROUNDS], rmed[ROUNDS], ratio[ROUNDS], mratio[ROUNDS];
+  int64_t *gl = malloc(sizeof(int64_t) * ROUNDS * PER);
+  int64_t fmed[ROUNDS], rmed[ROUNDS], ratio[ROUNDS], mratio[ROUNDS], gratio[ROUNDS];
   for (int r = 0; r < ROUNDS; r++) {
     raw_floor(PER, fl + r * PER);
     rpc_rtt(c, PER, rl + r * PER);
+    rings_rtt(c, PER, gl + r * PER);
     int64_t tmp[PER];
     memcpy(tmp, fl + r * PER, sizeof tmp);
     fmed[r] = summarize(tmp, PER).median_us * 1000;
@@ -312,8 +342,15 @@ int main(int argc, char **argv) {
     rmed[r] = summarize(tmp, PER).median_us * 1000;
     ratio[r] = fmed[r] > 0 ? rmed[r] * 1000 / fmed[r] : 0;
     mratio[r] = fmean > 0 ? (int64_t)(trimmed_mean(tmp, PER) * 1000 / fmean) : 0;
+    memcpy(tmp, gl + r * PER, sizeof tmp);
+    summarize(tmp, PER); /* sorts */
+    gratio[r] = fmean > 0 ? (int64_t)(trimmed_mean(tmp, PER) * 1000 / fmean) : 0;
   }
   stats raw = summarize(fl, ROUNDS * PER), rtt = summarize(rl, ROUNDS * PER);
+  stats rings = summarize(gl, ROUNDS * PER);
+  qsort(gratio, ROUNDS, sizeof gratio[0], cmp_i64);
+  double rings_ratio = gratio[ROUNDS / 2] / 1000.0;
+  free(gl);
   qsort(ratio, ROUNDS, sizeof ratio[0], cmp_i64);
   double rtt_ratio = ratio[ROUNDS / 2] / 1000.0, best_ratio = ratio[0] / 1000.0;
   qsort(mratio, ROUNDS, sizeof mratio[0], cmp_i64);
@@ -385,6 +422,9 @@ int main(int argc, char **argv) {
          ROUNDS, best_ratio);
   printf("  (the same ratio from trimmed means, finer than the clock's 10 ns steps: %.2f)\n",
          mean_ratio);
+  printf("%-44s %12.3f %12.3f %10.2f\n", "rings alone (no pending table), same server",
+         rings.median_us, rings.p99_us, rings_ratio);
+  printf("  (x floor from trimmed means: what the call adds beyond it is the client's bookkeeping)\n");
   if (rtt_only) return 0; /* the rest was not measured */
   printf("%-44s %12.3f %12.3f %10.2f\n", "cxrpc no-op call, 32 idle connections first",
          idle_rtt.median_us, idle_rtt.p99_us, idle_ratio);
