@@ -361,7 +361,8 @@ static int remove_stale(const char *ctl_name) {
       cxr_heap_close(h);
       return CXR_EEXIST;
     }
-    unsigned n = cb->max_conns <= CXR__MAX_CONNS ? cb->max_conns : 0;
+    unsigned n = CXR__LDX(&cb->max_conns); /* read once: the old block is anyone's to write */
+    if (n > CXR__MAX_CONNS) n = 0;
     if (!cxr_heap_contains(h, cb, cxr__chan_block_size(n))) n = 0;
     for (unsigned k = 0; k < n; k++) {
       char name[CXR_NAME_MAX + 1];

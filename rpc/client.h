@@ -45,6 +45,9 @@ typedef struct cxr__ctl_ref {
   char name[CXR_NAME_MAX + 1];
   cxr_heap *heap;
   cxr__chan_block *cb;
+  /* The block's geometry as checked when it was mapped. Any user of the channel can write
+   * the block, so loops and sizes use these copies, never the shared fields again. */
+  uint32_t max_conns, ring_slots;
   unsigned refs;
   int64_t checked_ns;               /* when the server was last seen alive */
   cxr_heap *spare[CXR__SPARE_MAX];  /* connection heaps kept mapped for reconnects */

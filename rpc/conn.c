@@ -121,6 +121,8 @@ static int ctl_get(const char *channel, cxr__ctl_ref **out) {
   snprintf(r->name, sizeof r->name, "%s", name);
   r->checked_ns = cxr_now_ns();
   r->cb = cb;
+  r->max_conns = max;
+  r->ring_slots = ring;
   r->refs = 1;
   r->next = ctl_list;
   ctl_list = r;
@@ -185,9 +187,10 @@ static int self_id(cxr__proc_id *out) {
 
 /* Claims a READY slot with one CAS. Returns its index, or -1 (none ready; *any_free says
  * whether waiting can help). */
-static int claim_slot(cxr__chan_block *cb, uint32_t pid, bool *any_free) {
+static int claim_slot(const cxr__ctl_ref *r, uint32_t pid, bool *any_free) {
+  cxr__chan_block *cb = r->cb;
   *any_free = false;
-  for (unsigned k = 0; k < cb->max_conns; k++) {
+  for (unsigned k = 0; k < r->max_conns; k++) {
     cxr__cslot *s = &cb->slots[k];
     uint64_t o = CXR__LD(&s->owner);
     unsigned st = cxr__owner_state(o);
@@ -199,9 +202,10 @@ static int claim_slot(cxr__chan_block *cb, uint32_t pid, bool *any_free) {
 }
 
 /* True when at most half the pool is ready: then the manager is woken to refill. */
-static bool pool_low(cxr__chan_block *cb) {
+static bool pool_low(const cxr__ctl_ref *r) {
+  cxr__chan_block *cb = r->cb;
   unsigned ready = 0;
-  for (unsigned i = 0; i < cb->max_conns && ready * 2 <= cb->pool; i++)
+  for (unsigned i = 0; i < r->max_conns && ready * 2 <= cb->pool; i++)
     ready += cxr__owner_state(CXR__LD(&cb->slots[i].owner)) == CXR__SLOT_READY;
   return ready * 2 <= cb->pool;
 }
@@ -246,12 +250,13 @@ bool cxr__conn_held_here(const void *blk, uint32_t gen) {
 /* Gives a claimed slot back for the server to recycle: on its next tick, or now if the pool
  * runs low (waking the manager costs the closer a system call and, on a busy machine, its
  * CPU while the manager recycles). */
-static void release_slot(cxr__chan_block *cb, unsigned k, uint32_t pid, uint32_t gen) {
+static void release_slot(const cxr__ctl_ref *r, unsigned k, uint32_t pid, uint32_t gen) {
+  cxr__chan_block *cb = r->cb;
   cxr__cslot *s = &cb->slots[k];
   __atomic_fetch_and(&cb->active[k / 64], ~(1ull << (k % 64)), __ATOMIC_SEQ_CST);
   uint64_t o = cxr__owner(pid, CXR__SLOT_CLAIMED, gen);
   CXR__CAS(&s->owner, &o, cxr__owner(pid, CXR__SLOT_CLOSING, gen));
-  if (pool_low(cb)) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+  if (pool_low(r)) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
 }
 
 static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
@@ -268,7 +273,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   for (;;) {
     bool any_free;
     uint32_t v = __atomic_load_n(&cb->pool_bell, __ATOMIC_SEQ_CST);
-    if ((k = claim_slot(cb, c->pid, &any_free)) >= 0) break;
+    if ((k = claim_slot(c->ctl, c->pid, &any_free)) >= 0) break;
     if (!any_free) return CXR_EFULL;
     if (!ctl_usable(cb)) return CXR_ENOENT;
     int64_t left = give_up - cxr_now_ns();
@@ -276,7 +281,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
     /* Ask the manager for a refill and sleep until it rings the pool bell. */
     cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
     __atomic_fetch_add(&cb->pool_sleepers, 1, __ATOMIC_SEQ_CST);
-    if ((k = claim_slot(cb, c->pid, &any_free)) >= 0) {
+    if ((k = claim_slot(c->ctl, c->pid, &any_free)) >= 0) {
       __atomic_fetch_sub(&cb->pool_sleepers, 1, __ATOMIC_SEQ_CST);
       break;
     }
@@ -294,7 +299,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   CXR__ADD(&cb->connects, 1);
   /* Wake the manager to refill once the pool is half used (it also refills on its own
    * tick, every peer_timeout/2): most connects make no system call for it. */
-  if (pool_low(cb)) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
+  if (pool_low(c->ctl)) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
 
   char heap_name[CXR_NAME_MAX + 1];
   memcpy(heap_name, s->heap, sizeof heap_name);
@@ -302,7 +307,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   uint64_t blk_addr = CXR__LDX(&s->conn_block);
   c->heap = spare_take(c->ctl, heap_name);
   if (c->heap == NULL && (rc = cxr_heap_open(&c->heap, heap_name)) != 0) goto fail;
-  uint32_t ring = cb->ring_slots;
+  uint32_t ring = c->ctl->ring_slots;
   cxr__conn_block *b = (cxr__conn_block *)(uintptr_t)blk_addr;
   if (cxr_heap_get_root(c->heap) != b || !cxr_heap_contains(c->heap, b, cxr__conn_block_size(ring)) ||
       b->magic != CXR__CONN_MAGIC || b->version != CXR__VERSION || b->ring_slots != ring ||
@@ -322,7 +327,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   __atomic_fetch_or(&cb->active[k / 64], 1ull << (k % 64), __ATOMIC_SEQ_CST);
   return 0;
 fail:
-  release_slot(cb, (unsigned)k, c->pid, c->gen);
+  release_slot(c->ctl, (unsigned)k, c->pid, c->gen);
   c->slot = NULL;
   return rc;
 }
@@ -406,7 +411,7 @@ void cxr_conn_close(cxr_conn *c) {
   cxr__conn_stop_completion(c);
   cxr__conn_fail_all(c, CXR_ECLOSED);
   if (c->blk != NULL) held_remove(c->blk, c->gen);
-  if (c->slot != NULL) release_slot(c->cb, c->index, c->pid, c->gen);
+  if (c->slot != NULL) release_slot(c->ctl, c->index, c->pid, c->gen);
   cxr__conn_table_fini(c);
   cxr__seal_conn_close(c);
   if (c->heap) {

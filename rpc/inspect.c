@@ -18,7 +18,9 @@ static const char *state_name(unsigned st) {
   }
 }
 
-static void fill_info(const cxr__chan_block *cb, cxr_channel_info *info) {
+/* max_conns: the block's, as open_block checked it (the block is writable by every user of
+ * the channel, so its fields are not read again as a bound). */
+static void fill_info(const cxr__chan_block *cb, unsigned max_conns, cxr_channel_info *info) {
   memset(info, 0, sizeof *info);
   memcpy(info->name, cb->name, sizeof cb->name);
   info->name[CXR__CHAN_NAME_MAX] = '\0';
@@ -27,7 +29,7 @@ static void fill_info(const cxr__chan_block *cb, cxr_channel_info *info) {
   info->open = CXR__LD(&cb->state) == CXR__CHAN_OPEN;
   info->server_alive = cxr__proc_alive(&id);
   info->mode = cb->mode;
-  info->max_conns = cb->max_conns;
+  info->max_conns = max_conns;
   info->pool = cb->pool;
   info->workers = cb->workers;
   info->ring_slots = cb->ring_slots;
@@ -36,25 +38,28 @@ static void fill_info(const cxr__chan_block *cb, cxr_channel_info *info) {
   info->reclaimed = CXR__LDX(&cb->reclaimed);
   info->created = CXR__LDX(&cb->created);
   info->age_ns = cxr_now_ns() - cb->opened_ns;
-  for (unsigned k = 0; k < cb->max_conns; k++) {
+  for (unsigned k = 0; k < max_conns; k++) {
     unsigned st = cxr__owner_state(CXR__LD(&cb->slots[k].owner));
     if (st == CXR__SLOT_READY) info->ready++;
     if (st == CXR__SLOT_CLAIMED) info->connected++;
   }
 }
 
-/* Opens "ch.<name>" and checks its block. */
-static int open_block(const char *heap_name, cxr_heap **h, const cxr__chan_block **out) {
+/* Opens "ch.<name>" and checks its block; *max_conns is its slot count as checked. */
+static int open_block(const char *heap_name, cxr_heap **h, const cxr__chan_block **out,
+                      unsigned *max_conns) {
   int rc = cxr_heap_open(h, heap_name);
   if (rc != 0) return rc;
   const cxr__chan_block *cb = cxr_heap_get_root(*h);
-  if (cb == NULL || !cxr_heap_contains(*h, cb, sizeof *cb) || cb->magic != CXR__CHAN_MAGIC ||
-      cb->version != CXR__VERSION || cb->max_conns == 0 || cb->max_conns > CXR__MAX_CONNS ||
-      !cxr_heap_contains(*h, cb, cxr__chan_block_size(cb->max_conns))) {
+  unsigned max = 0;
+  if (cb != NULL && cxr_heap_contains(*h, cb, sizeof *cb)) max = CXR__LDX(&cb->max_conns);
+  if (cb == NULL || max == 0 || cb->magic != CXR__CHAN_MAGIC || cb->version != CXR__VERSION ||
+      max > CXR__MAX_CONNS || !cxr_heap_contains(*h, cb, cxr__chan_block_size(max))) {
     cxr_heap_close(*h);
     return cb == NULL ? CXR_ENOENT : CXR_EBADMAGIC;
   }
   *out = cb;
+  *max_conns = max;
   return 0;
 }
 
@@ -79,8 +84,9 @@ int cxr_channel_list(cxr_channel_info *out, size_t max, size_t *n) {
     if (strncmp(heaps[i].name, "ch.", 3) != 0) continue;
     cxr_heap *h;
     const cxr__chan_block *cb;
-    if (open_block(heaps[i].name, &h, &cb) != 0) continue;
-    if (*n < max) fill_info(cb, &out[*n]);
+    unsigned slots;
+    if (open_block(heaps[i].name, &h, &cb, &slots) != 0) continue;
+    if (*n < max) fill_info(cb, slots, &out[*n]);
     (*n)++;
     cxr_heap_close(h);
   }
@@ -96,12 +102,13 @@ int cxr_channel_inspect(const char *name, cxr_channel_info *info, cxr_conn_info 
   if (snprintf(heap_name, sizeof heap_name, "ch.%s", name) > CXR_NAME_MAX) return CXR_ENAMETOOLONG;
   cxr_heap *h;
   const cxr__chan_block *cb;
-  int rc = open_block(heap_name, &h, &cb);
+  unsigned slots;
+  int rc = open_block(heap_name, &h, &cb, &slots);
   if (rc != 0) return rc;
-  if (info) fill_info(cb, info);
+  if (info) fill_info(cb, slots, info);
   size_t count = 0;
   int64_t now = cxr_now_ns();
-  for (unsigned k = 0; k < cb->max_conns; k++) {
+  for (unsigned k = 0; k < slots; k++) {
     const cxr__cslot *s = &cb->slots[k];
     uint64_t o = CXR__LD(&s->owner);
     unsigned st = cxr__owner_state(o);

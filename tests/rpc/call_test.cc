@@ -468,6 +468,31 @@ TEST_F(Call, ThePeersIdentityIsCheckedWithTheKernel) {
   cxr_heap_close(ctl);
 }
 
+TEST_F(Call, TheControlBlocksGeometryIsCheckedOnceAndNotReadAgain) {
+  // Every user of a channel can write its control block. A client checks the block's slot
+  // count and ring size when it first maps it; later connects use those checked copies, so
+  // a block scribbled since (a ring of 0 slots, the largest slot count) neither sends the
+  // connect past the block nor sizes the new connection's rings from it (it used to fail
+  // with CXR_ECORRUPT here).
+  cxr_heap *ctl = nullptr;
+  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
+  auto *cb = (cxr__chan_block *)cxr_heap_get_root(ctl);
+  ASSERT_NE(cb, nullptr);
+  uint32_t ring = cb->ring_slots, max = cb->max_conns;
+  __atomic_store_n(&cb->ring_slots, 0u, __ATOMIC_RELAXED);
+  __atomic_store_n(&cb->max_conns, CXR__MAX_CONNS, __ATOMIC_RELAXED);
+  cxr_conn *c2 = nullptr;
+  int rc = cxr_connect(&c2, name.c_str(), nullptr);
+  EXPECT_EQ(rc, 0) << cxr_strerror(rc);
+  if (rc == 0) {
+    EXPECT_EQ(cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr), 0);
+    cxr_conn_close(c2);
+  }
+  __atomic_store_n(&cb->ring_slots, ring, __ATOMIC_RELAXED);
+  __atomic_store_n(&cb->max_conns, max, __ATOMIC_RELAXED);
+  cxr_heap_close(ctl);
+}
+
 TEST_F(Call, StrayResponsesAreDropped) {
   // A response for a call id nobody waits for (a confused or hostile server).
   cxr__desc d;
