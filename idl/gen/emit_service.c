@@ -77,7 +77,8 @@ void emit_service(gen_buf *h, gen_buf *c, const gm_file *f) {
     gb_printf(h,
               "\n/* Server side of %s: one handler per method (NULL: the server answers "
               "CXR_ENOMETHOD).\n * A handler builds its result in cxr_call_heap(call) and "
-              "returns 0 or a CXR_E* code. */\n",
+              "returns 0 or a CXR_E* code;\n * when it returns a code, the skeleton frees "
+              "the graph left in *rs (the client gets no result). */\n",
               s->full);
     gb_printf(h, "typedef struct %s_handlers {\n", sn);
     for (size_t j = 0; j < s->nmethods; j++) {
@@ -123,8 +124,14 @@ void emit_service(gen_buf *h, gen_buf *c, const gm_file *f) {
                 "  int rc = srv->handlers.%s(call, rq, &rs, srv->user);\n"
                 "  /* another rack: ship the whole result graph, not only its root block */\n"
                 "  if (rc == 0 && remote && rs) rc = cxr__skel_result(call, rs, sizeof *rs, %s__rin);\n"
+                "  /* a failed call has no result: the graph the handler built goes back to the\n"
+                "   * heap (the client would see only the error, and the blocks would stay) */\n"
+                "  if (rc != 0 && rs) {\n"
+                "    if (cxr_heap_contains(cxr_call_heap(call), rs, sizeof *rs))\n"
+                "      %s_free(cxr_call_heap(call), rs);\n"
+                "    rs = NULL;\n  }\n"
                 "  *result = rs;\n  return rc;\n}\n",
-                x->cname, sn, sn, in, in, in, out, x->member, out);
+                x->cname, sn, sn, in, in, in, out, x->member, out, out);
     }
     gb_printf(c, "\nint %s_serve(cxr_channel *ch, %s_server *srv) {\n", sn, sn);
     gb_printf(c, "  if (!ch || !srv) return CXR_EINVAL;\n  int rc = 0;\n  (void)rc;\n");

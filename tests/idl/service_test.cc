@@ -56,6 +56,11 @@ int on_ping(cxr_call *call, const cxrtest_Ack *rq, cxrtest_Ack **rs, void *user)
   a->has_code = true;
   a->code = rq->code + 1;
   *rs = a;
+  if (rq->code == -7) {  // fails after building a result with a string in it
+    a->has_note = true;
+    cxr_str_setz(cxr_call_heap(call), &a->note, "a note nobody will read");
+    return CXR_EINVAL;
+  }
   return 0;
 }
 
@@ -213,6 +218,28 @@ TEST_P(Svc, HostileResultIsRefusedByTheStub) {
   cxrtest_Ack *a = nullptr;
   EXPECT_EQ(cxrtest_Store_Put(c, m, &a, nullptr), CXR_EBADPTR);
   EXPECT_EQ(a, nullptr);
+}
+
+TEST_P(Svc, AFailedCallsResultGraphIsFreedNotLeaked) {
+  // The handler stored a result (with a string of its own) and then failed: the client
+  // gets the error and no result, and the graph goes back to the heap (it used to stay
+  // allocated in the connection heap, two blocks per failed call).
+  cxrtest_Ack *p = cxrtest_Ack_new(h), *q = nullptr;
+  p->has_code = true, p->code = -7;
+  ASSERT_EQ(cxrtest_Admin_Ping(c, p, &q, nullptr), CXR_EINVAL);  // warm the size classes
+  cxr_heap_stats before, after;
+  ASSERT_EQ(cxr_heap_get_stats(h, &before), 0);
+  for (int i = 0; i < 200; i++) {
+    EXPECT_EQ(cxrtest_Admin_Ping(c, p, &q, nullptr), CXR_EINVAL);
+    EXPECT_EQ(q, nullptr);
+  }
+  cxr_future *f = nullptr;
+  ASSERT_EQ(cxrtest_Admin_Ping_async(c, p, &f, nullptr), 0);
+  EXPECT_EQ(cxrtest_Admin_Ping_wait(c, f, 0, &q), CXR_EINVAL);
+  cxr_future_free(f);
+  ASSERT_EQ(cxr_heap_get_stats(h, &after), 0);
+  EXPECT_EQ(after.used, before.used);
+  cxrtest_Ack_free(h, p);
 }
 
 TEST_P(Svc, BadArgumentsAndMissingHandlers) {
