@@ -325,6 +325,16 @@ static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, siz
   c->nres++;
 }
 
+/* A failed call ships no result: the blocks a release would have freed (the root and each
+ * range that starts a block of our heap, as keep_result_locked records them) are freed now. */
+static void drop_result(rsconn *c, void *result, const cxr_range *rg, size_t nr) {
+  if (result == NULL) return;
+  for (size_t i = 0; i < nr; i++)
+    if (rg[i].p != result && cxr_heap_usable_size(c->hs, rg[i].p) > 0)
+      cxr_heap_free(c->hs, (void *)rg[i].p);
+  cxr_heap_free(c->hs, result);
+}
+
 static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c,
                      int64_t arrived);
 
@@ -491,7 +501,7 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
       st = CXR_EBADPTR;
     }
   if (st != 0) {
-    if (result) cxr_heap_free(c->hs, result);
+    drop_result(c, result, rg, nr);
     result = NULL;
     nr = 0;
     CXR__ADD(&ctr->errors, 1);

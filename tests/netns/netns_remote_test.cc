@@ -84,6 +84,22 @@ TEST_F(NetnsRemote, PointerRichMessagesArriveIntactAtTheSameAddresses) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, AFailedCallsResultBlocksAreFreedInTheServersHeap) {
+  // A handler that names a five-block result graph (cxr_call_set_result_ranges) and then
+  // fails: the client gets the code and no result, and the server frees every block a
+  // release would have freed (it used to free only the root: four blocks per call stayed).
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  long before = -1, after = -2;
+  std::string r = ask(a, "failgraph 50");
+  ASSERT_EQ(sscanf(r.c_str(), "ok %ld %ld", &before, &after), 2) << r;
+  EXPECT_GE(before, 0);
+  EXPECT_EQ(after, before);
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST_F(NetnsRemote, KilledServerEndsPendingCallsWithPeerDead) {
   cxrt::Proc s, a, b;
   // b knew the server (its directory and pool) but has no connection when it dies.

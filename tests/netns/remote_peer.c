@@ -18,6 +18,9 @@
  *       queued DL         -> two calls that sleep 1 s occupy the server's two workers, and a
  *                            spin call with a deadline of DL ms waits behind them; then
  *                            "ok <spin call's code> <spin handlers started>"
+ *       failgraph N       -> N calls whose handler builds a result graph (root, name, three
+ *                            nodes, its ranges set) and then fails: "ok <bytes used in the
+ *                            server's result heap before> <after>" | "err <code>"
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,7 +32,8 @@
 
 #include "tests/rpc/spin.h"
 
-enum { M_GRAPH = 1, M_NOOP = 2, M_SLEEP = 3, M_WHOAMI = 4, M_SPIN = 5, M_SPIN_COUNTS = 6 };
+enum { M_GRAPH = 1, M_NOOP = 2, M_SLEEP = 3, M_WHOAMI = 4, M_SPIN = 5, M_SPIN_COUNTS = 6,
+       M_FAIL_GRAPH = 7, M_HEAP_USED = 8 };
 
 typedef struct node {
   int64_t v;
@@ -126,6 +130,39 @@ static int h_spin_counts(cxr_call *call, const void *args, void **result, void *
   return 0;
 }
 
+/* M_FAIL_GRAPH: a result graph in the result heap, its ranges named, then an error. */
+static int h_fail_graph(cxr_call *call, const void *args, void **result, void *user) {
+  cxr_heap *h = cxr_call_heap(call);
+  graph_res *res = cxr_heap_alloc(h, sizeof *res);
+  char *name = cxr_heap_alloc(h, 16);
+  if (res == NULL || name == NULL) return CXR_ENOMEM;
+  *res = (graph_res){.name = name};
+  strcpy(name, "never read");
+  cxr_range rg[5] = {{res, sizeof *res}, {name, 16}};
+  for (int i = 0; i < 3; i++) {
+    node *y = cxr_heap_alloc(h, sizeof *y);
+    if (y == NULL) return CXR_ENOMEM;
+    *y = (node){.v = i, .next = res->rev};
+    res->rev = y;
+    rg[2 + i] = (cxr_range){y, sizeof *y};
+  }
+  int rc = cxr_call_set_result_ranges(call, rg, 5);
+  *result = res;
+  return rc ? rc : CXR_EPERM;
+}
+
+/* M_HEAP_USED: the bytes in use in this connection's result heap (before its own answer). */
+static int h_heap_used(cxr_call *call, const void *args, void **result, void *user) {
+  cxr_heap_stats st;
+  int rc = cxr_heap_get_stats(cxr_call_heap(call), &st);
+  if (rc) return rc;
+  int64_t *p = cxr_heap_alloc(cxr_call_heap(call), sizeof *p);
+  if (p == NULL) return CXR_ENOMEM;
+  *p = (int64_t)st.used;
+  *result = p;
+  return 0;
+}
+
 static int server(const char *name, const char *listen) {
   cxr_channel_opts o;
   cxr_channel_opts_init(&o);
@@ -139,6 +176,8 @@ static int server(const char *name, const char *listen) {
   if (rc == 0) rc = cxr_channel_on(ch, M_WHOAMI, h_whoami, NULL);
   if (rc == 0) rc = cxr_channel_on(ch, M_SPIN, spin_handler, &spins);
   if (rc == 0) rc = cxr_channel_on(ch, M_SPIN_COUNTS, h_spin_counts, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_FAIL_GRAPH, h_fail_graph, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_HEAP_USED, h_heap_used, NULL);
   if (rc == 0) rc = cxr_channel_start(ch);
   if (rc) {
     printf("err %d\n", rc);
@@ -271,6 +310,23 @@ static int client(const char *t) {
       if (rc == 1) printf("bad %s\n", what);
       else if (rc) printf("err %d\n", rc);
       else printf("ok\n");
+    } else if (sscanf(line, "failgraph %ld", &a) == 1) {
+      int64_t used[2] = {0, 0}, *u = NULL;
+      int rc = 0;
+      for (int k = 0; k < 2 && rc == 0; k++) {
+        if (k == 1)
+          for (long i = 0; i < a && rc == 0; i++) {
+            void *res = (void *)1;
+            int e = cxr_conn_call(conn, M_FAIL_GRAPH, NULL, &res, NULL);
+            if (e != CXR_EPERM || res != NULL) rc = e ? e : 1;
+          }
+        if (rc == 0 && (rc = cxr_conn_call(conn, M_HEAP_USED, NULL, (void **)&u, NULL)) == 0) {
+          used[k] = *u;
+          cxr_conn_free(conn, u); /* the release rides on the next call */
+        }
+      }
+      if (rc) printf("err %d\n", rc);
+      else printf("ok %" PRId64 " %" PRId64 "\n", used[0], used[1]);
     } else if (sscanf(line, "noop %ld", &a) == 1) {
       cxr_call_opts o;
       cxr_call_opts_init(&o);
