@@ -218,11 +218,6 @@ int result_heaps(pid_t pid) {
 }
 
 TEST_F(NetnsRemote, RepeatedConnectsReuseHeapsAndLeakNothing) {
-#ifdef __SANITIZE_THREAD__
-  // 200 remote connect cycles under TSan's 5-15x slowdown on 2 loaded cores failed once
-  // (cause not yet found: the run's log was cut); the case runs in the plain and ASan suites.
-  GTEST_SKIP() << "connect-cycle soak not run under TSan (see comment)";
-#endif
   cxrt::Proc s, a;
   ASSERT_TRUE(server_and_racks(s, a));
   EXPECT_EQ(ask(a, "cycles 100", 120000), "ok");
