@@ -127,7 +127,8 @@ void emit_service(gen_buf *h, gen_buf *c, const gm_file *f) {
                 "  /* a failed call has no result: the graph the handler built goes back to the\n"
                 "   * heap (the client would see only the error, and the blocks would stay) */\n"
                 "  if (rc != 0 && rs) {\n"
-                "    if (cxr_heap_contains(cxr_call_heap(call), rs, sizeof *rs))\n"
+                "    /* (an echo of the argument itself is the caller's: left alone) */\n"
+                "    if ((const void *)rs != args && cxr_heap_contains(cxr_call_heap(call), rs, sizeof *rs))\n"
                 "      %s_free(cxr_call_heap(call), rs);\n"
                 "    rs = NULL;\n  }\n"
                 "  *result = rs;\n  return rc;\n}\n",

@@ -56,6 +56,11 @@ int on_ping(cxr_call *call, const cxrtest_Ack *rq, cxrtest_Ack **rs, void *user)
   a->has_code = true;
   a->code = rq->code + 1;
   *rs = a;
+  if (rq->code == -8) {  // fails with the argument itself as the result (the caller's)
+    cxr_heap_free(cxr_call_heap(call), a);
+    *rs = (cxrtest_Ack *)rq;
+    return CXR_EINVAL;
+  }
   if (rq->code == -7) {  // fails after building a result with a string in it
     a->has_note = true;
     cxr_str_setz(cxr_call_heap(call), &a->note, "a note nobody will read");
@@ -239,6 +244,11 @@ TEST_P(Svc, AFailedCallsResultGraphIsFreedNotLeaked) {
   cxr_future_free(f);
   ASSERT_EQ(cxr_heap_get_stats(h, &after), 0);
   EXPECT_EQ(after.used, before.used);
+  // A handler that fails with its argument as the result: the skeleton leaves it alone.
+  p->code = -8;
+  EXPECT_EQ(cxrtest_Admin_Ping(c, p, &q, nullptr), CXR_EINVAL);
+  EXPECT_GT(cxr_heap_usable_size(h, p), 0u);
+  EXPECT_EQ(p->code, -8);
   cxrtest_Ack_free(h, p);
 }
 
