@@ -184,6 +184,9 @@ void cxr__op_release(rdma_op *op);
  * caller's: read op->status, then cxr__op_release), or CXR_ETIMEDOUT: abandoned, its
  * callback releases it. */
 int cxr__op_await(cxr_rdma *r, rdma_op *op, int64_t deadline);
+/* Hands an op UCX may still hold to its callback (state 2), or releases it now if UCX
+ * already finished it. */
+void cxr__op_abandon(rdma_op *op);
 void cxr__op_cb(void *request, ucs_status_t status, void *user_data);
 /* Request parameters that complete `op` through cxr__op_cb. */
 static inline ucp_request_param_t cxr__op_param(rdma_op *op) {

@@ -332,19 +332,21 @@ static int check(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, size_t len)
   return atomic_load(&ep->status);
 }
 
-/* Gets and puts of at most this many bytes go through memory the op owns (rma_small), so a
- * missed deadline can abandon the op and leave the endpoint open: UCX never holds the
- * caller's buffer. 64 KiB covers the small transfers deadlines usually guard (ALock's 8-byte
- * steps, records, headers) at the cost of one malloc and one memcpy per op, noise next to a
- * network round trip; above it the copy starts to cost as much as the transfer, and every op
- * abandoned at a silent target would hold that much heap until the target answers or the
- * endpoint closes. Larger transfers use the caller's buffer and end the endpoint instead. */
+/* Gets and puts move through memory their ops own, in chunks of at most this many bytes
+ * (rma_bounced), so a missed deadline can abandon the ops and leave the endpoint open: UCX
+ * never holds the caller's buffer after the call returns. 64 KiB: the malloc and the memcpy
+ * of a chunk are noise next to moving it over a network, and each chunk abandoned at a silent
+ * target holds that much heap until the target answers or the endpoint closes. */
 #define RMA_BOUNCE_MAX ((size_t)64 * 1024)
+/* Chunks of one call in flight at once: enough to keep the link busy (a window of 512 KiB),
+ * and the most one timed-out call leaves abandoned. */
+enum { RMA_WINDOW = 16 };
 
-/* A missed deadline of a transfer larger than RMA_BOUNCE_MAX: UCX cannot cancel a started
- * transfer, so end the endpoint, hoping nothing touches the caller's buffer after we return
- * (UCX 1.13 does not promise it: docs/rdma.md). Other threads' requests on it are cancelled
- * too; their calls return an error (cxr__ep_end, ep.c). */
+/* A missed deadline of a transfer through the caller's own registered buffer (pin mode
+ * "always" only, transfer()): UCX cannot cancel a started transfer, so end the endpoint,
+ * hoping nothing touches the caller's buffer after we return (UCX 1.13 does not promise it:
+ * docs/rdma.md). Other threads' requests on it are cancelled too; their calls return an error
+ * (cxr__ep_end, ep.c). */
 static int finish(cxr_rdma_ep *ep, int rc) {
   if (rc == CXR_ETIMEDOUT) cxr__ep_end(ep);
   return rc;
@@ -407,35 +409,73 @@ static int rma(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, si
   return finish(ep, rc);
 }
 
-/* A get or put of at most RMA_BOUNCE_MAX bytes through the op's own buffer (one allocation
- * with the op), as the atomics below: a put copies the caller's bytes in before posting, a
- * get copies out only on success. A missed deadline abandons the op (state 2, cxr__op_await)
- * and returns CXR_ETIMEDOUT at once; the endpoint stays open (the target may only be slow)
- * and the op's callback releases it when UCX completes or cancels it. An op UCX ended with
- * an error is parked until the worker is destroyed rather than freed (rdma_op.keep): UCX
- * 1.13 was seen copying a get's reply after a force close. The put's flush is as in rma(). */
-static int rma_small(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, size_t len,
-                     bool is_put, int64_t deadline) {
-  typedef struct {
-    rdma_op op;
-    _Alignas(16) unsigned char data[];
-  } small_op;
-  small_op *s = malloc(sizeof *s + len);
-  if (s == NULL) return CXR_ENOMEM;
-  memset(&s->op, 0, sizeof s->op);
-  s->op.keep = ep->r;
-  if (is_put) memcpy(s->data, buf, len);
-  int rc;
-  ucs_status_ptr_t sp = rma_post(ep, &s->op, is_put ? RMA_PUT : RMA_GET, rk, raddr, s->data,
-                                 len, &rc);
-  if (rc == 0 && sp != NULL && !UCS_PTR_IS_ERR(sp)) {
-    if (cxr__op_await(ep->r, &s->op, deadline) != 0) return CXR_ETIMEDOUT;
-    rc = cxr__rdma_status(s->op.status);
-  } else if (rc == 0 && sp != NULL) {
-    rc = cxr__rdma_status(UCS_PTR_STATUS(sp));
+/* One chunk of a get or put: an op and the bytes it moves, one allocation. */
+typedef struct rma_chunk {
+  rdma_op op;
+  size_t off, len;  /* where in the caller's buffer */
+  _Alignas(16) unsigned char data[];
+} rma_chunk;
+
+/* Posts the chunk [off, off + n) of the caller's buffer through a buffer of its own (a put
+ * copies the caller's bytes in first). Returns the chunk while UCX holds it; NULL once it is
+ * over, with *rc its result (a get done in place is copied out already). */
+static rma_chunk *chunk_post(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf,
+                             size_t off, size_t n, bool is_put, int *rc) {
+  rma_chunk *c = malloc(sizeof *c + n);
+  if (c == NULL) {
+    *rc = CXR_ENOMEM;
+    return NULL;
   }
-  if (rc == 0 && !is_put) memcpy(buf, s->data, len);
-  cxr__op_release(&s->op);  /* parked if UCX ended it with an error */
+  memset(&c->op, 0, sizeof c->op);
+  c->op.keep = ep->r;
+  c->off = off;
+  c->len = n;
+  if (is_put) memcpy(c->data, (char *)buf + off, n);
+  ucs_status_ptr_t sp = rma_post(ep, &c->op, is_put ? RMA_PUT : RMA_GET, rk, raddr + off,
+                                 c->data, n, rc);
+  if (*rc == 0 && sp != NULL && !UCS_PTR_IS_ERR(sp)) return c;
+  if (*rc == 0 && sp != NULL) *rc = cxr__rdma_status(UCS_PTR_STATUS(sp));
+  if (*rc == 0 && !is_put) memcpy((char *)buf + off, c->data, n);
+  free(c);  /* UCX never kept it */
+  return NULL;
+}
+
+/* A get or put of any size through op-owned buffers, RMA_BOUNCE_MAX bytes per op and up to
+ * RMA_WINDOW ops in flight (as atomics keep their operands in their op): a put copies the
+ * caller's bytes into each chunk before posting it, a get copies a chunk out only when that
+ * chunk succeeded. The oldest chunk is waited for (cxr__op_await, which progresses the worker
+ * for all of them), then the window refills. A missed deadline (or a chunk's error) abandons
+ * every chunk still with UCX (state 2, cxr__op_abandon) and returns at once; the endpoint
+ * stays open (the target may only be slow), and each chunk's callback releases it when UCX
+ * completes or cancels it (an op UCX ended with an error is parked until the worker is
+ * destroyed, rdma_op.keep: UCX 1.13 was seen copying a get's reply after a force close). A
+ * put is flushed at the end so it is visible at the target on return. */
+static int rma_bounced(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf,
+                       size_t len, bool is_put, int64_t deadline) {
+  rma_chunk *win[RMA_WINDOW];
+  size_t head = 0, count = 0, off = 0;
+  int rc = 0;
+  while (rc == 0 && (off < len || count > 0)) {
+    while (rc == 0 && off < len && count < RMA_WINDOW) {
+      size_t n = len - off < RMA_BOUNCE_MAX ? len - off : RMA_BOUNCE_MAX;
+      rma_chunk *c = chunk_post(ep, rk, raddr, buf, off, n, is_put, &rc);
+      if (c) win[(head + count++) % RMA_WINDOW] = c;
+      off += n;
+    }
+    if (count == 0) break;
+    rma_chunk *c = win[head];
+    head = (head + 1) % RMA_WINDOW;
+    count--;
+    if (cxr__op_await(ep->r, &c->op, deadline) != 0) {
+      rc = CXR_ETIMEDOUT;  /* c is abandoned already; its callback releases it */
+      break;
+    }
+    int crc = cxr__rdma_status(c->op.status);
+    if (crc == 0 && !is_put) memcpy((char *)buf + c->off, c->data, c->len);
+    cxr__op_release(&c->op);  /* parked if UCX ended it with an error */
+    if (rc == 0) rc = crc;
+  }
+  for (; count > 0; head = (head + 1) % RMA_WINDOW, count--) cxr__op_abandon(&win[head]->op);
   if (rc == 0 && is_put) rc = rma_one(ep, RMA_FLUSH, rk, raddr, NULL, 0, deadline);
   return rc;
 }
@@ -477,9 +517,12 @@ static int transfer(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *bu
   if (buf == NULL) return CXR_EINVAL;
   cxr_rdma *r = ep->r;
   int64_t deadline = cxr__deadline(deadline_ns);
-  /* Small: the op's own buffer (never registered by us; UCX copies or registers it itself). */
-  if (len <= RMA_BOUNCE_MAX) return rma_small(ep, rk, raddr, buf, len, is_put, deadline);
-  if (r->pin_mode != CXR_RDMA_PIN_ALWAYS) return rma(ep, rk, raddr, buf, len, is_put, deadline);
+  /* Through op-owned chunks (never registered by us; UCX copies or registers them itself).
+   * Only pin mode "always" moves a larger transfer through pinned memory under the budget:
+   * the caller's registered buffer or the engine's one pinned bounce buffer, neither of which
+   * a timed-out op may keep, so a missed deadline there still ends the endpoint (finish). */
+  if (len <= RMA_BOUNCE_MAX || r->pin_mode != CXR_RDMA_PIN_ALWAYS)
+    return rma_bounced(ep, rk, raddr, buf, len, is_put, deadline);
   cxr_rdma_mr *m = rcache_get(r, buf, len);
   if (m) {
     rc = rma(ep, rk, raddr, buf, len, is_put, deadline);

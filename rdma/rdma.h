@@ -133,13 +133,14 @@ int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **rk, uin
 int cxr_rdma_refresh(cxr_rdma_ep *ep, int64_t deadline_ns);
 
 /* One-sided operations; all wait until done or the absolute deadline (0 = 2 s). Atomics
- * and gets/puts of at most 64 KiB go through memory of their own (a put copies src first, a
- * get copies into dst only on success, an atomic's reply never lands in *old): a missed
- * deadline returns CXR_ETIMEDOUT and leaves the endpoint open; the op is abandoned, may
- * still apply at the target, and is freed when UCX completes or cancels it. UCX cannot
- * cancel a started transfer, so a missed deadline of a larger get or put ends the endpoint
- * (CXR_ETIMEDOUT now, CXR_ENOTCONN afterwards) so that its buffer is left alone after the
- * return (not always so with UCX 1.13: cxr_rdma_get(3), BUGS).
+ * and gets/puts of any size go through memory of their own (gets/puts in chunks of at most
+ * 64 KiB, several in flight; a put copies src first, a get copies a chunk into dst only when
+ * it succeeded, an atomic's reply never lands in *old): a missed deadline returns
+ * CXR_ETIMEDOUT at once and leaves the endpoint open; the ops still pending are abandoned,
+ * may still apply at the target, and are freed when UCX completes or cancels them. The one
+ * exception, an engine that pins (CXR_RDMA_PIN_ALWAYS): a get or put above 64 KiB uses
+ * pinned memory no abandoned op may keep, so its missed deadline ends the endpoint
+ * (CXR_ETIMEDOUT now, CXR_ENOTCONN afterwards; cxr_rdma_get(3), BUGS).
  * Remote ranges are checked against the export before anything is sent (CXR_ERANGE). */
 int cxr_rdma_put(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, const void *src,
                  size_t len, int64_t deadline_ns);

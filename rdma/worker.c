@@ -115,6 +115,11 @@ int cxr__op_await(cxr_rdma *r, rdma_op *op, int64_t deadline) {
   return atomic_compare_exchange_strong(&op->state, &expect, 2) ? CXR_ETIMEDOUT : 0;
 }
 
+void cxr__op_abandon(rdma_op *op) {
+  int expect = 0;
+  if (!atomic_compare_exchange_strong(&op->state, &expect, 2)) cxr__op_release(op);
+}
+
 int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline) {
   if (p == NULL) {  /* completed in place */
     op_free(op);
@@ -411,10 +416,7 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
       op_free(op);
       return sp == NULL ? 0 : cxr__rdma_status(UCS_PTR_STATUS(sp));
     }
-    int expect = 0;  /* hand the op to its callback */
-    if (!atomic_compare_exchange_strong(&op->state, &expect, 2)) {
-      op_free(op);
-    }
+    cxr__op_abandon(op);  /* its callback frees it */
     return 0;
   }
   return cxr__op_wait(r, sp, op, deadline);

@@ -1,14 +1,12 @@
-// One endpoint shared by many threads when its peer stops answering: a get larger than the
-// bounce limit (64 KiB) whose deadline passes ends the endpoint (force-closes its UCX handle)
-// while the others are posting, waiting or about to post on it (smaller gets and puts, and
-// atomics, only time out: the endpoint stays open for them). Every call must end with 0 or a
-// CXR_E* code within a bound, nothing may crash (the handle used to be closed and freed under
-// threads that had read it), and once the endpoint failed every new call returns its status.
-// Real peer process over UCX on TCP (loopback), stopped with SIGSTOP; a new one each round,
-// as the stopped one is killed: resumed, it would abort in UCX 1.13 on the atomic requests of
-// the endpoint we force-closed (ucp_atomic_req_handler: "unexpected error: Endpoint timeout").
-// Atomics (and gets/puts up to 64 KiB) no longer end the endpoint at their deadline: the last
-// two tests (the last one disabled: a known problem).
+// One endpoint shared by many threads when its peer stops answering and then dies: the
+// endpoint ends (its peer killed while stopped) while the others are posting, waiting or
+// about to post on it (gets and puts of any size, and atomics, only time out at their
+// deadline: the endpoint stays open for them). Every call must end with 0 or a CXR_E* code
+// within a bound, nothing may crash (the handle used to be closed and freed under threads
+// that had read it), and once the endpoint failed every new call returns its status. Real
+// peer process over UCX on TCP (loopback), stopped with SIGSTOP. The other tests: atomics
+// that time out leave the endpoint and their target alive; closing an endpoint and engine
+// with atomics still pending at a stopped target is a known problem (disabled reproducer).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdint.h>
@@ -80,7 +78,6 @@ TEST(RdmaShare, AMissedDeadlineEndsASharedEndpointWithErrorsNotCrashes) {
   cxr_rdma *r;
   ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
   std::map<int, int> codes;  // every code seen, for the log
-  std::vector<std::vector<unsigned char>> mine_bufs;
   const int kRounds = 20;
   for (int round = 0; round < kRounds; round++) {
     cxrt::Peer peer;
@@ -138,13 +135,9 @@ TEST(RdmaShare, AMissedDeadlineEndsASharedEndpointWithErrorsNotCrashes) {
     int ws = 0;
     ASSERT_EQ(waitpid(peer.p.pid, &ws, WUNTRACED), peer.p.pid);
     stopped = true;
-    // Calls started before the stop may wait up to kCalm; this thread's own short one, a get
-    // above the bounce limit, ends the endpoint under them at once. Its buffer is kept until
-    // the engine closes (UCX 1.13 may write a late reply into it: docs/rdma.md).
-    mine_bufs.emplace_back(64 * 1024 + 4096);
-    int mine = cxr_rdma_get(ep, rk, base + 262144, mine_bufs.back().data(),
-                            mine_bufs.back().size(), cxr_now_ns() + 5 * kMs);
-    EXPECT_TRUE(mine != 0 && valid_code(mine)) << mine;
+    // Calls started before the stop may wait up to kCalm; the peer's death (SIGKILL, its
+    // sockets reset) ends the endpoint under them (no call's deadline ends it any more).
+    peer.p.kill9();
     // The threads end within the bound run() keeps; a hang past it is a failure, and
     // joining a hung thread would hang the test: abort then.
     end = give_up + 15 * kSec;
@@ -198,17 +191,6 @@ void stop(cxrt::Peer &peer) {
   ASSERT_EQ(kill(peer.p.pid, SIGSTOP), 0);
   int ws = 0;
   ASSERT_EQ(waitpid(peer.p.pid, &ws, WUNTRACED), peer.p.pid);
-}
-
-// Waits up to `ms` for the peer to exit: true if it did (then it is reaped).
-bool died_within(cxrt::Peer &peer, int ms) {
-  int ws = 0;
-  for (int i = 0; i < ms / 10; i++, usleep(10000))
-    if (waitpid(peer.p.pid, &ws, WNOHANG) == peer.p.pid) {
-      peer.p.pid = -1;
-      return true;
-    }
-  return false;
 }
 
 // A missed deadline of an atomic abandons the request (its reply lands in memory the request
@@ -279,7 +261,7 @@ TEST(RdmaShare, TimedOutAtomicsLeaveTheEndpointAndTheirTargetAlive) {
     for (int i = 0; i < 3; i++) EXPECT_EQ(v[i], want[i]) << "thread " << k << ", word " << i;
   }
   // The target lives on, and serves a new connection.
-  ASSERT_FALSE(died_within(peer, 1500)) << "the target process died";
+  ASSERT_FALSE(cxrt::died_within(peer, 1500)) << "the target process died";
   cxr_rdma *r2;
   cxr_rdma_ep *ep2;
   cxr_rdma_rkey *rk2;
@@ -316,7 +298,7 @@ TEST(RdmaShare, DISABLED_AbandonedAtomicsAreFreedWhenTheirEndpointClosesFirst) {
   cxr_rdma_close(m.r);
   printf("closing with 4 abandoned atomics took %.0f ms\n", (cxr_now_ns() - t0) / 1e6);
   ASSERT_EQ(kill(m.peer.p.pid, SIGCONT), 0);
-  bool died = died_within(m.peer, 1000);
+  bool died = cxrt::died_within(m.peer, 1000);
   printf("the target %s its client closing with atomics pending\n",
          died ? "died after" : "survived");
 }

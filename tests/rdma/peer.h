@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -34,6 +36,17 @@ inline void open_and_connect(Peer &peer, cxr_rdma **r, cxr_rdma_ep **ep) {
   ASSERT_TRUE(peer.start());
   ASSERT_EQ(cxr_rdma_open(r, nullptr), 0);
   ASSERT_EQ(cxr_rdma_connect(*r, peer.addr().c_str(), 0, ep), 0);
+}
+
+// Waits up to `ms` for the peer to exit: true if it did (then it is reaped).
+inline bool died_within(Peer &peer, int ms) {
+  int ws = 0;
+  for (int i = 0; i < ms / 10; i++, usleep(10000))
+    if (waitpid(peer.p.pid, &ws, WNOHANG) == peer.p.pid) {
+      peer.p.pid = -1;
+      return true;
+    }
+  return false;
 }
 
 }  // namespace cxrt
