@@ -56,6 +56,7 @@ typedef struct cxr__ctl_ref {
 
 struct cxr_conn {
   int transport;
+  uint32_t fork_gen;     /* cxr__fork_gen when made: in a child it only refuses (fork.c) */
   cxr__ctl_ref *ctl;
   cxr__chan_block *cb;
   cxr_heap *heap;

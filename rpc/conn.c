@@ -172,14 +172,14 @@ static void spare_put(cxr__ctl_ref *ref, cxr_heap *h) {
 }
 
 /* This process's identity, read from /proc once (again after a fork). */
+static pthread_mutex_t id_lock = PTHREAD_MUTEX_INITIALIZER;
 static int self_id(cxr__proc_id *out) {
-  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   static cxr__proc_id id;
-  pthread_mutex_lock(&lock);
+  pthread_mutex_lock(&id_lock);
   int rc = 0;
   if (id.pid != (int32_t)getpid()) rc = cxr__proc_self_id(&id);
   *out = id;
-  pthread_mutex_unlock(&lock);
+  pthread_mutex_unlock(&id_lock);
   return rc;
 }
 
@@ -259,11 +259,29 @@ static void release_slot(const cxr__ctl_ref *r, unsigned k, uint32_t pid, uint32
   if (pool_low(r)) cxr__bell_ring(&cb->mgr_bell, &cb->mgr_sleepers);
 }
 
+/* fork(2) from a thread while another holds one of this file's locks would leave it held
+ * for good in the child: they are taken around the fork (none nests in another). Installed
+ * after shm's own hooks (cxr_init), so ours run first and a thread of ours that holds
+ * ctl_lock while it waits for a lock of shm can finish. */
+static void locks_take(void) {
+  pthread_mutex_lock(&ctl_lock);
+  pthread_mutex_lock(&held_lock);
+  pthread_mutex_lock(&id_lock);
+}
+static void locks_give(void) {
+  pthread_mutex_unlock(&id_lock);
+  pthread_mutex_unlock(&held_lock);
+  pthread_mutex_unlock(&ctl_lock);
+}
+static pthread_once_t locks_once = PTHREAD_ONCE_INIT;
+static void locks_install(void) { pthread_atfork(locks_take, locks_give, locks_give); }
+
 static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   if (strnlen(name, CXR__CHAN_NAME_MAX + 1) > CXR__CHAN_NAME_MAX) return CXR_ENAMETOOLONG;
   if (name[0] == '\0') return CXR_EINVAL;
   int rc = cxr_init(NULL);
   if (rc != 0 && rc != CXR_EBUSY) return rc;
+  pthread_once(&locks_once, locks_install);
   if ((rc = ctl_get(name, &c->ctl)) != 0) return rc;
   cxr__chan_block *cb = c->ctl->cb;
   c->cb = cb;
@@ -346,6 +364,7 @@ int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
   if (t == CXR__TRANSPORT_UCX) return cxr__remote_connect(out, target, &o);
   cxr_conn *c = calloc(1, sizeof *c);
   if (c == NULL) return CXR_ENOMEM;
+  c->fork_gen = cxr__fork_gen_now();
   c->transport = t;
   c->uid = cxr__conn_uid();
   c->default_deadline = o.default_deadline_ns;
@@ -364,6 +383,18 @@ int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
   }
   *out = c;
   return 0;
+}
+
+/* A connection this process got over fork: its slot, rings and completion thread are the
+ * parent's, so only this process's copies go (a cross-rack one's engine is the parent's
+ * too and not fork-safe: it is left as it is). */
+static void forget_inherited(cxr_conn *c) {
+  if (c->remote) return;
+  if (c->blk != NULL) held_remove(c->blk, c->gen);
+  cxr__conn_table_fini(c);
+  if (c->heap) cxr_heap_close(c->heap);
+  if (c->ctl) ctl_put(c->ctl);
+  free(c); /* its mutexes may be held by a parent thread that does not exist here */
 }
 
 cxr_heap *cxr_conn_heap(cxr_conn *c) {
@@ -404,6 +435,10 @@ int cxr__conn_check(cxr_conn *c, bool force) {
 
 void cxr_conn_close(cxr_conn *c) {
   if (c == NULL) return;
+  if (cxr__inherited(c->fork_gen)) {
+    forget_inherited(c);
+    return;
+  }
   if (c->remote) {
     cxr__remote_close(c);
     return;

@@ -66,6 +66,7 @@ typedef struct cxr__method {
 
 struct cxr_channel {
   cxr_channel_opts o;
+  uint32_t fork_gen;         /* cxr__fork_gen when opened: in a child it only refuses (fork.c) */
   char name[CXR__CHAN_NAME_MAX + 1];
   cxr_heap *ctl;
   cxr__chan_block *cb;

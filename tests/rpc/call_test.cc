@@ -493,6 +493,34 @@ TEST_F(Call, TheControlBlocksGeometryIsCheckedOnceAndNotReadAgain) {
   cxr_heap_close(ctl);
 }
 
+TEST_F(Call, AChildCannotStopOrCloseTheChannelItInherited) {
+  // The parent serves on background threads; a child that inherits the channel has none of
+  // them. Its close must neither stop the parent's service for every client nor wait for
+  // threads it does not have (it used to mark the channel closed for all). Each failure sets
+  // a bit of the child's exit code.
+  int rc;
+  ASSERT_EQ(add(1, 2, &rc), 3);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int bad = 0;
+    if (cxr_channel_start(ch) != CXR_ECLOSED) bad |= 1;
+    if (cxr_channel_on(ch, 99, m_noop, nullptr) != CXR_ECLOSED) bad |= 2;
+    if (cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr) != CXR_ECLOSED) bad |= 4;
+    cxr_channel_stop(ch);
+    cxr_channel_close(ch);
+    _exit(bad);
+  }
+  Peer kid{child, -1};
+  EXPECT_EQ(wait_peer(kid, 20000), 0);
+  EXPECT_EQ(add(2, 3, &rc), 5);
+  EXPECT_EQ(rc, 0);
+  cxr_conn *c2 = nullptr;
+  ASSERT_EQ(cxr_connect(&c2, name.c_str(), nullptr), 0);
+  EXPECT_EQ(cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(c2);
+}
+
 TEST_F(Call, StrayResponsesAreDropped) {
   // A response for a call id nobody waits for (a confused or hostile server).
   cxr__desc d;

@@ -214,6 +214,63 @@ TEST_F(Proc, KilledClientIsReclaimedBySingleWorkerWhileOthersAreServed) {
   killed_client_is_reclaimed(1);
 }
 
+// add(a, b) on c: its result, or INT64_MIN with *rc set.
+int64_t call_add(cxr_conn *c, int64_t a, int64_t b, int *rc) {
+  cxr_heap *h = cxr_conn_heap(c);
+  add_args *x = (add_args *)cxr_heap_alloc(h, sizeof *x);
+  if (x == nullptr) return *rc = CXR_ENOMEM, INT64_MIN;
+  x->a = a, x->b = b;
+  void *r = nullptr;
+  *rc = cxr_conn_call(c, M_ADD, x, &r, nullptr);
+  int64_t v = *rc == 0 && r ? *(int64_t *)r : INT64_MIN;
+  if (r) cxr_heap_free(h, r);
+  cxr_heap_free(h, x);
+  return v;
+}
+
+TEST_F(Proc, AChildRefusesTheConnectionItInheritedAndCannotCloseItsParents) {
+  ASSERT_NO_FATAL_FAILURE(serve("fk", 2));
+  int rc;
+  ASSERT_EQ(call_add(c, 1, 2, &rc), 3);
+  // A call of the parent's in flight across the fork.
+  sleep_args a = {300};
+  cxr_call_opts o = inline_opts(sizeof a, 10000000000);
+  cxr_future *f = nullptr;
+  ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f, &o), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child shares the parent's rings and call ids: it must not call on them, wait on
+    // or cancel the parent's call, or give the parent's slot back; a connection of its own
+    // works. Each failure sets a bit of the exit code.
+    int bad = 0, e;
+    if (call_add(c, 5, 6, &e) != INT64_MIN || e != CXR_ECLOSED) bad |= 1;
+    if (cxr_future_wait(f, 0, nullptr) != CXR_ECLOSED) bad |= 2;
+    if (cxr_future_cancel(f) != CXR_ECLOSED) bad |= 4;
+    cxr_future_free(f);
+    cxr_conn_close(c);
+    cxr_conn *mine = nullptr;
+    if (cxr_connect(&mine, name.c_str(), nullptr) != 0 || call_add(mine, 7, 8, &e) != 15) bad |= 8;
+    cxr_conn_close(mine);
+    _exit(bad);
+  }
+  Peer kid{child, -1};
+  EXPECT_EQ(wait_peer(kid, 20000), 0);  // 0: every check in the child held
+  // The parent's call was neither cancelled nor answered to the child, and its connection
+  // still works (the child's close used to give its slot back: CXR_ECLOSED here).
+  void *res = nullptr;
+  EXPECT_EQ(cxr_future_wait(f, 0, &res), 0);
+  if (res != nullptr) {
+    EXPECT_EQ(*(int64_t *)res, 300);
+    cxr_heap_free(cxr_conn_heap(c), res);
+  }
+  cxr_future_free(f);
+  EXPECT_EQ(call_add(c, 20, 22, &rc), 42);
+  EXPECT_EQ(rc, 0);
+  cxr_conn_close(c);
+  stop_peer(srv);
+}
+
 TEST_F(Proc, AClientNamingAnotherProcessIsNotVerified) {
   // A client writes another pid into its slot (and a uid into the control block), then
   // calls: the server does not confirm it, neither as the server itself (which maps every
