@@ -640,27 +640,54 @@ static ucp_ep_h take_uep(cxr_rdma_ep *ep) {
   return u;
 }
 
-/* Closes a handle taken out of its endpoint (op: its request state) and waits for the close
- * until `deadline`; then marks the endpoint closed. */
-static int close_uep(cxr_rdma_ep *ep, ucp_ep_h u, rdma_op *op, bool force, int64_t deadline) {
-  ucp_request_param_t p = cxr__op_param(op);
-  p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  int rc = cxr__op_wait(ep->r, ucp_ep_close_nbx(u, &p), op, deadline);
-  atomic_store(&ep->uclose, 2);
-  return rc;
-}
-
-/* Waits (bounded, progressing the worker) until no one-sided op (get, put, flush, atomic)
- * posted on the endpoint is left with UCX: 0 then. */
-static int ops_done(cxr_rdma_ep *ep, int64_t deadline) {
+/* Progresses the worker until done(ep) or `deadline`, napping 50 us whenever it was idle
+ * (the progress thread steps aside meanwhile). */
+static void progress_until(cxr_rdma_ep *ep, bool (*done)(cxr_rdma_ep *, void *), void *arg,
+                           int64_t deadline) {
   cxr__rdma_waiter(ep->r, 1);
-  while (atomic_load(&ep->open_ops) > 0 && cxr_now_ns() < deadline)
+  while (!done(ep, arg) && cxr_now_ns() < deadline)
     if (cxr__rdma_progress(ep->r) == 0) {
       struct timespec ts = {0, 50000};
       nanosleep(&ts, NULL);
     }
   cxr__rdma_waiter(ep->r, -1);
+}
+
+static bool request_done(cxr_rdma_ep *ep, void *req) {
+  return ucp_request_check_status(req) != UCS_INPROGRESS;
+}
+
+/* Closes a handle taken out of its endpoint and waits for the close until `deadline`; then
+ * marks the endpoint closed. The close request has no callback: it is polled, then given back
+ * with ucp_request_free whether it finished or not, so UCX frees it itself when it ends. A
+ * graceful close of an endpoint whose peer is stopped does not finish (it waits for the
+ * peer's disconnect), and one abandoned to a callback instead, not yet released, made
+ * ucp_worker_destroy abort ("req->flags & UCP_REQUEST_FLAG_RELEASED" in ucp_ep.c, UCX 1.13:
+ * the endpoint's last disconnect step still queued with the user's unreleased request), 10
+ * runs in 10 for an engine closed with an endpoint to a stopped peer. */
+static int close_uep(cxr_rdma_ep *ep, ucp_ep_h u, bool force, int64_t deadline) {
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                           .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+  ucs_status_ptr_t sp = ucp_ep_close_nbx(u, &p);
+  int rc = 0;
+  if (UCS_PTR_IS_ERR(sp)) {
+    rc = cxr__rdma_status(UCS_PTR_STATUS(sp));
+  } else if (sp != NULL) {
+    progress_until(ep, request_done, sp, deadline);
+    ucs_status_t st = ucp_request_check_status(sp);
+    rc = st == UCS_INPROGRESS ? CXR_ETIMEDOUT : cxr__rdma_status(st);
+    ucp_request_free(sp);
+  }
+  atomic_store(&ep->uclose, 2);
+  return rc;
+}
+
+static bool no_ops(cxr_rdma_ep *ep, void *unused) { return atomic_load(&ep->open_ops) == 0; }
+
+/* Waits (bounded, progressing the worker) until no one-sided op (get, put, flush, atomic)
+ * posted on the endpoint is left with UCX: 0 then, or how many are left. */
+static int ops_done(cxr_rdma_ep *ep, int64_t deadline) {
+  progress_until(ep, no_ops, NULL, deadline);
   return atomic_load(&ep->open_ops);
 }
 
@@ -674,23 +701,19 @@ static void wait_closed(cxr_rdma_ep *ep, int64_t deadline) {
 
 void cxr__ep_end(cxr_rdma_ep *ep) {
   cxr__ep_force_close(ep);
-  rdma_op *op = cxr__op_new();
-  if (op == NULL) return;  /* the handle stays, ended by its status, until the endpoint closes */
   int64_t deadline = cxr_now_ns() + 1000000000;
   ucp_ep_h u = take_uep(ep);
   if (u) {
-    close_uep(ep, u, op, true, deadline);
+    close_uep(ep, u, true, deadline);
     return;
   }
-  free(op);
   wait_closed(ep, deadline + 100000000);
 }
 
 /* ---- closing ---- */
 
-static void ep_destroy(cxr_rdma_ep *ep) {
+static void rkeys_destroy(cxr_rdma_ep *ep) {
   cxr_rdma *r = ep->r;
-  ep_unlink(ep);
   pthread_mutex_lock(&r->lock);
   cxr_rdma_rkey *rk = ep->rkeys;
   ep->rkeys = NULL;
@@ -701,25 +724,17 @@ static void ep_destroy(cxr_rdma_ep *ep) {
     free(rk);
     rk = n;
   }
-  rdma_op *op = cxr__op_new();
-  ucp_ep_h u = op ? take_uep(ep) : NULL;
+}
+
+/* Closes a handle taken out of its endpoint (NULL: none, or another thread's close under
+ * way), then frees the endpoint, its remote keys first. A flush to a silent peer could take
+ * forever: the close is bounded (200 ms), and a failed endpoint is force-closed. */
+static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
+  rkeys_destroy(ep);
   if (u) {
-    /* A flush to a silent peer could take forever: bound it, then force. One-sided ops
-     * still with UCX (atomics and small gets/puts abandoned at their deadline, mem.c) get a
-     * bounded wait first; if they do not finish, the close is forced: a graceful close that
-     * does not finish leaves them on the handle, and UCX 1.13 asserts on them when the
-     * worker is destroyed, while the force close cancels them and their callbacks release
-     * them (parked until the worker is destroyed: rdma_op.keep). (A target resuming with
-     * atomics of a force-closed endpoint pending may abort in UCX 1.13: docs/rdma.md; only
-     * a target silent for the whole wait gets there.) A separate ucp_ep_flush_nbx instead
-     * of this wait crashed now and then: UCX 1.13 purging the pending flush request at the
-     * force close (ucp_ep_req_purge, ucp_request_memory_dereg, SEGV). */
-    bool force = atomic_load(&ep->status) != 0 ||
-                 ops_done(ep, cxr_now_ns() + 200000000) != 0;
-    int rc = close_uep(ep, u, op, force, cxr_now_ns() + 200000000);
+    int rc = close_uep(ep, u, atomic_load(&ep->status) != 0, cxr_now_ns() + 200000000);
     if (rc == CXR_ETIMEDOUT) CXR_DEBUG("rdma: close of %s did not finish", ep->host);
   } else {
-    free(op);
     wait_closed(ep, cxr_now_ns() + 1100000000);  /* a missed deadline's close under way */
   }
   /* The close cancels what was left; an op's callback still to come would count down in
@@ -731,6 +746,68 @@ static void ep_destroy(cxr_rdma_ep *ep) {
   }
   pthread_rwlock_destroy(&ep->ulock);
   free(ep);
+}
+
+/* One-sided ops still with UCX (atomics, chunks of gets/puts abandoned at their deadline,
+ * mem.c) get a bounded wait (200 ms) before the endpoint closes. If they do not finish, the
+ * target has been silent all along, and no close of the handle is safe with UCX 1.13: a
+ * force close cancels them, after which our own ucp_worker_destroy asserted ("req->flags &
+ * UCP_REQUEST_FLAG_RELEASED" in ucp_ep_destroy_base, about 3 runs in 5) and the target,
+ * resumed, aborted on the requests of an endpoint that was gone (ucp_atomic_req_handler,
+ * ucp_get_req_handler, ucp_put_handler: "Endpoint timeout"); a graceful close that does not
+ * finish leaves them on the handle and ucp_worker_destroy asserted on them too. (A separate
+ * ucp_ep_flush_nbx instead of the wait crashed now and then: UCX purging the pending flush at
+ * the force close, SEGV in ucp_request_memory_dereg.) So such an endpoint is parked on the
+ * engine, its handle open and its remote keys alive for the ops, its user callback gone, and
+ * closed later by cxr__eps_unpark once its ops finished (a target that resumes finds its
+ * endpoint alive). The endpoint is gone for its user either way. */
+static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
+  cxr_rdma *r = ep->r;
+  __atomic_store_n(&ep->on_err, NULL, __ATOMIC_RELEASE);
+  pthread_rwlock_wrlock(&ep->ulock);
+  ep->uep = u;
+  pthread_rwlock_unlock(&ep->ulock);
+  atomic_store(&ep->uclose, 0);
+  pthread_mutex_lock(&r->lock);
+  ep->next = r->parked;
+  r->parked = ep;
+  pthread_mutex_unlock(&r->lock);
+  CXR_INFO("rdma: endpoint to %s closed with one-sided ops pending at a silent target: "
+           "parked until they finish or the engine closes", ep->host);
+}
+
+static void ep_destroy(cxr_rdma_ep *ep) {
+  ep_unlink(ep);
+  ucp_ep_h u = take_uep(ep);
+  if (u && atomic_load(&ep->status) == 0 && ops_done(ep, cxr_now_ns() + 200000000) != 0) {
+    ep_park(ep, u);
+    return;
+  }
+  ep_close_free(ep, u);
+}
+
+unsigned cxr__eps_unpark(cxr_rdma *r) {
+  pthread_mutex_lock(&r->lock);
+  cxr_rdma_ep *ep = r->parked;
+  r->parked = NULL;
+  pthread_mutex_unlock(&r->lock);
+  int64_t deadline = cxr_now_ns() + 200000000;  /* one last wait, shared by all of them */
+  unsigned left = 0;
+  while (ep) {
+    cxr_rdma_ep *next = ep->next;
+    if (atomic_load(&ep->status) != 0 || ops_done(ep, deadline) == 0) {
+      ep_close_free(ep, take_uep(ep));
+      ep = next;
+      continue;
+    }
+    left++;
+    pthread_mutex_lock(&r->lock);
+    ep->next = r->parked;
+    r->parked = ep;
+    pthread_mutex_unlock(&r->lock);
+    ep = next;
+  }
+  return left;
 }
 
 void cxr__ep_force_close(cxr_rdma_ep *ep) {

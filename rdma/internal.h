@@ -92,7 +92,7 @@ struct cxr_rdma_ep {
   void (*on_err)(cxr_rdma_ep *, int, void *);
   void *on_err_user;
   cxr_rdma_rkey *rkeys; /* protected by r->lock */
-  cxr_rdma_ep *next;    /* r->eps */
+  cxr_rdma_ep *next;    /* r->eps, or r->parked */
 };
 
 struct cxr_rdma_mr {
@@ -132,6 +132,10 @@ struct cxr_rdma {
    * their op-owned buffers are kept until the worker is destroyed, since UCX 1.13 was seen
    * writing a get's late reply after a force close (mem.c). Under lock. */
   struct rdma_op *graves;
+  /* Endpoints closed with one-sided ops still pending at a silent target: not closed in UCX
+   * until the ops finish (ep.c, ep_park). Under lock. */
+  cxr_rdma_ep *parked;
+  struct cxr_rdma *next_abandoned;  /* closed, UCX left undestroyed (worker.c) */
   atomic_int asleep;   /* the progress thread sleeps on the event fd: wake it to defer */
   void (*tick)(void *);
   void *tick_user;
@@ -228,6 +232,9 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user);
 void cxr__hello_reply(cxr_rdma_msg *m, void *user);
 void cxr__conn_cb(ucp_conn_request_h req, void *arg);
 void cxr__eps_close_all(cxr_rdma *r);
+/* Closes the parked endpoints whose ops finished, after one last bounded wait; returns how
+ * many still have ops with UCX (they stay parked, open). */
+unsigned cxr__eps_unpark(cxr_rdma *r);
 void cxr__ep_force_close(cxr_rdma_ep *ep);
 /* The UCX handle to post one request on: 0 with ep->ulock held for reading (give it back
  * with cxr__ep_unuse as soon as UCX has the request, before waiting for it), or the

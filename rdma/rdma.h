@@ -57,7 +57,10 @@ void cxr_rdma_opts_init(cxr_rdma_opts *o);
 /* Also sets SIGPIPE to ignored if it is at its default: a peer dying while UCX writes to
  * its socket must end calls with an error, not kill this process. */
 int cxr_rdma_open(cxr_rdma **r, const cxr_rdma_opts *o);
-/* Closes every endpoint, stops the progress thread, unregisters memory. */
+/* Closes every endpoint, stops the progress thread, unregisters memory. If endpoints closed
+ * with one-sided ops pending at a silent target still have them after a last bounded wait
+ * (200 ms), the UCX worker and context are left undestroyed (logged): a bounded leak, since
+ * no way of destroying them under such ops is safe with UCX 1.13 (cxr_rdma_close(3)). */
 void cxr_rdma_close(cxr_rdma *r);
 /* The port the listener is bound to (0 when not listening). */
 int cxr_rdma_port(const cxr_rdma *r);
@@ -79,6 +82,9 @@ const char *cxr_rdma_ep_host(const cxr_rdma_ep *ep);
  * cxr_rdma_defer (which runs work on the progress thread). */
 int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *ep, int err, void *user),
                          void *user);
+/* Closes the endpoint (bounded: 200 ms for one-sided ops still pending, then 200 ms for the
+ * close). One whose ops do not finish, a silent target, is parked on the engine, its UCX
+ * handle open, until they do or cxr_rdma_close; for the caller it is gone either way. */
 void cxr_rdma_ep_close(cxr_rdma_ep *ep);
 /* Forgets what the directory knows about a host and closes its pooled endpoints (its next
  * connect is cold). */

@@ -643,6 +643,29 @@ fail:
 
 int cxr_rdma_port(const cxr_rdma *r) { return r ? r->port : 0; }
 
+/* Engines whose close left their UCX worker undestroyed (leave_to_ucx): kept reachable. */
+static cxr_rdma *abandoned;
+static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The end of cxr_rdma_close when endpoints still have one-sided ops pending at a target
+ * silent through every bounded wait (ep.c, ep_park): with UCX 1.13 no way to destroy the
+ * worker under them is safe (a force close of their endpoint made ucp_worker_destroy assert
+ * and the resumed target abort; destroying the worker with them in place asserted too). So
+ * the worker and the context, the parked endpoints, the ops and the parked op buffers are
+ * left as they are: a bounded leak (the engine's UCX state plus those ops, at most 16
+ * chunks of 64 KiB per timed-out get or put), logged, in a case that needs a target stopped
+ * for the whole close. Nothing progresses the worker any more; a target that resumes finds
+ * its connection open (or reset, once this process exits), not a vanished endpoint. */
+static void leave_to_ucx(cxr_rdma *r, unsigned parked) {
+  CXR_WARN("rdma: %u endpoint(s) still have one-sided ops pending at a silent target; the "
+           "UCX worker and context are left undestroyed (UCX 1.13 aborts destroying them)",
+           parked);
+  pthread_mutex_lock(&abandoned_lock);
+  r->next_abandoned = abandoned;
+  abandoned = r;
+  pthread_mutex_unlock(&abandoned_lock);
+}
+
 void cxr_rdma_close(cxr_rdma *r) {
   if (r == NULL) return;
   if (r->thread_started) {
@@ -661,6 +684,7 @@ void cxr_rdma_close(cxr_rdma *r) {
     cxr__eps_close_all(r);
     run_queued(r);
   }
+  unsigned parked = r->worker ? cxr__eps_unpark(r) : 0;
   cxr__pin_fini(r);
   /* Messages and work nobody will run any more. */
   while (r->mq_head) {
@@ -679,6 +703,10 @@ void cxr_rdma_close(cxr_rdma *r) {
     free(h->exps);
     free(h->waddr);
     free(h);
+  }
+  if (parked) {
+    leave_to_ucx(r, parked);
+    return;
   }
   if (r->worker) ucp_worker_destroy(r->worker);
   if (r->ctx) ucp_cleanup(r->ctx);

@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +37,37 @@ inline void open_and_connect(Peer &peer, cxr_rdma **r, cxr_rdma_ep **ep) {
   ASSERT_TRUE(peer.start());
   ASSERT_EQ(cxr_rdma_open(r, nullptr), 0);
   ASSERT_EQ(cxr_rdma_connect(*r, peer.addr().c_str(), 0, ep), 0);
+}
+
+// The peer, an engine, an endpoint and the key of the peer's "mem" export.
+struct Mem {
+  Peer peer;
+  cxr_rdma *r = nullptr;
+  cxr_rdma_ep *ep = nullptr;
+  cxr_rdma_rkey *rk = nullptr;
+  uint64_t base = 0;
+};
+
+inline void connect_mem(Mem &m) {
+  ASSERT_NO_FATAL_FAILURE(open_and_connect(m.peer, &m.r, &m.ep));
+  ASSERT_EQ(cxr_rdma_rkey_get(m.ep, "mem", &m.rk, &m.base, nullptr), 0);
+}
+
+// Stops the peer and waits until it is stopped.
+inline void stop(Peer &peer) {
+  ASSERT_EQ(kill(peer.p.pid, SIGSTOP), 0);
+  int ws = 0;
+  ASSERT_EQ(waitpid(peer.p.pid, &ws, WUNTRACED), peer.p.pid);
+  ASSERT_TRUE(WIFSTOPPED(ws));
+}
+
+// connect_mem, one get answered (the request path works), then the peer stopped (alive,
+// answering nothing) until SIGCONT.
+inline void connect_and_stop(Mem &m) {
+  ASSERT_NO_FATAL_FAILURE(connect_mem(m));
+  uint64_t w;
+  ASSERT_EQ(cxr_rdma_get(m.ep, m.rk, m.base, &w, 8, cxr_now_ns() + 5000000000), 0);
+  ASSERT_NO_FATAL_FAILURE(stop(m.peer));
 }
 
 // Waits up to `ms` for the peer to exit: true if it did (then it is reaped).

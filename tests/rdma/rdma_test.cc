@@ -208,27 +208,10 @@ TEST(Rdma, AnEndpointEndedByItsPeersDeathRefusesNewKeys) {
   cxr_rdma_close(r);
 }
 
-// A peer, an engine and endpoint to it, and the peer's "mem" export.
-struct Stopped {
-  Peer peer;
-  cxr_rdma *r = nullptr;
-  cxr_rdma_ep *ep = nullptr;
-  cxr_rdma_rkey *rk = nullptr;
-  uint64_t base = 0;
-};
-
-// Connects to a fresh peer, checks one get works, and stops the peer (alive, answering
-// nothing) until SIGCONT.
-void connect_and_stop(Stopped &s) {
-  ASSERT_NO_FATAL_FAILURE(open_and_connect(s.peer, &s.r, &s.ep));
-  ASSERT_EQ(cxr_rdma_rkey_get(s.ep, "mem", &s.rk, &s.base, nullptr), 0);
-  uint64_t w;
-  ASSERT_EQ(cxr_rdma_get(s.ep, s.rk, s.base, &w, 8, cxr_now_ns() + 5 * kSec), 0);
-  ASSERT_EQ(kill(s.peer.p.pid, SIGSTOP), 0);
-  int st = 0;
-  ASSERT_EQ(waitpid(s.peer.p.pid, &st, WUNTRACED), s.peer.p.pid);
-  ASSERT_TRUE(WIFSTOPPED(st));
-}
+// A peer, an engine and endpoint to it, and the peer's "mem" export; connect_and_stop
+// leaves the peer stopped.
+using Stopped = cxrt::Mem;
+using cxrt::connect_and_stop;
 
 // Resumes the peer and lets the engine run what it still had pending (the late reply or
 // completion of a timed-out op) for 200 ms: its progress thread polls the worker meanwhile.
