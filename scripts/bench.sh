@@ -10,4 +10,5 @@ bench //bench:alloc_bench
 bench //bench:seal_bench
 bench //bench:rpc_bench
 bench //bench:remote_bench
+bench //bench:rdma_bench
 bench //bench:idl_bench
