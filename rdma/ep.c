@@ -751,16 +751,15 @@ static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
 /* One-sided ops still with UCX (atomics, chunks of gets/puts abandoned at their deadline,
  * mem.c) get a bounded wait (200 ms) before the endpoint closes. If they do not finish, the
  * target has been silent all along, and no close of the handle is safe with UCX 1.13: a
- * force close cancels them, after which our own ucp_worker_destroy asserted ("req->flags &
- * UCP_REQUEST_FLAG_RELEASED" in ucp_ep_destroy_base, about 3 runs in 5) and the target,
- * resumed, aborted on the requests of an endpoint that was gone (ucp_atomic_req_handler,
- * ucp_get_req_handler, ucp_put_handler: "Endpoint timeout"); a graceful close that does not
- * finish leaves them on the handle and ucp_worker_destroy asserted on them too. (A separate
- * ucp_ep_flush_nbx instead of the wait crashed now and then: UCX purging the pending flush at
- * the force close, SEGV in ucp_request_memory_dereg.) So such an endpoint is parked on the
- * engine, its handle open and its remote keys alive for the ops, its user callback gone, and
- * closed later by cxr__eps_unpark once its ops finished (a target that resumes finds its
- * endpoint alive). The endpoint is gone for its user either way. */
+ * force close cancels them, and the target, resumed, aborted on the requests of an endpoint
+ * that was gone (ucp_atomic_req_handler, ucp_get_req_handler, ucp_put_handler: "Endpoint
+ * timeout"); a graceful close leaves them on the handle, and ucp_worker_destroy then asserted
+ * on them (ucp_ep_destroy_base: proto_reqs not empty). (A separate ucp_ep_flush_nbx instead
+ * of the wait crashed now and then: UCX purging the pending flush at the force close, SEGV in
+ * ucp_request_memory_dereg.) So such an endpoint is parked on the engine, its handle open and
+ * its remote keys alive for the ops, its user callback gone, and closed by cxr__eps_unpark
+ * once its ops finished (a target that resumes finds its endpoint alive). The endpoint is
+ * gone for its user either way. */
 static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
   cxr_rdma *r = ep->r;
   __atomic_store_n(&ep->on_err, NULL, __ATOMIC_RELEASE);
@@ -777,6 +776,7 @@ static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
 }
 
 static void ep_destroy(cxr_rdma_ep *ep) {
+  cxr__eps_unpark(ep->r, 0);  /* parked endpoints whose ops finished meanwhile */
   ep_unlink(ep);
   ucp_ep_h u = take_uep(ep);
   if (u && atomic_load(&ep->status) == 0 && ops_done(ep, cxr_now_ns() + 200000000) != 0) {
@@ -786,12 +786,12 @@ static void ep_destroy(cxr_rdma_ep *ep) {
   ep_close_free(ep, u);
 }
 
-unsigned cxr__eps_unpark(cxr_rdma *r) {
+unsigned cxr__eps_unpark(cxr_rdma *r, int64_t wait_ns) {
   pthread_mutex_lock(&r->lock);
   cxr_rdma_ep *ep = r->parked;
   r->parked = NULL;
   pthread_mutex_unlock(&r->lock);
-  int64_t deadline = cxr_now_ns() + 200000000;  /* one last wait, shared by all of them */
+  int64_t deadline = cxr_now_ns() + wait_ns;  /* shared by all of them */
   unsigned left = 0;
   while (ep) {
     cxr_rdma_ep *next = ep->next;

@@ -232,9 +232,10 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user);
 void cxr__hello_reply(cxr_rdma_msg *m, void *user);
 void cxr__conn_cb(ucp_conn_request_h req, void *arg);
 void cxr__eps_close_all(cxr_rdma *r);
-/* Closes the parked endpoints whose ops finished, after one last bounded wait; returns how
- * many still have ops with UCX (they stay parked, open). */
-unsigned cxr__eps_unpark(cxr_rdma *r);
+/* Closes the parked endpoints whose ops finished, waiting for them up to wait_ns (0: only
+ * those done already; every endpoint close does that); returns how many still have ops with
+ * UCX (they stay parked, open). */
+unsigned cxr__eps_unpark(cxr_rdma *r, int64_t wait_ns);
 void cxr__ep_force_close(cxr_rdma_ep *ep);
 /* The UCX handle to post one request on: 0 with ep->ulock held for reading (give it back
  * with cxr__ep_unuse as soon as UCX has the request, before waiting for it), or the

@@ -253,6 +253,7 @@ int cxr_rdma_stats_get(const cxr_rdma *cr, cxr_rdma_stats *out) {
                           .cold_connects = r->cold, .warm_connects = r->warm,
                           .pool_hits = r->pool_hits,
                           .pin_mode = r->pin_mode};
+  for (cxr_rdma_ep *e = r->parked; e; e = e->next) out->parked++;
   for (rdma_host *h = r->hosts; h; h = h->next) {
     out->known_hosts += h->valid;
     out->pooled += h->npool;

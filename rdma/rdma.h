@@ -84,7 +84,8 @@ int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *ep, int err, v
                          void *user);
 /* Closes the endpoint (bounded: 200 ms for one-sided ops still pending, then 200 ms for the
  * close). One whose ops do not finish, a silent target, is parked on the engine, its UCX
- * handle open, until they do or cxr_rdma_close; for the caller it is gone either way. */
+ * handle open, until they do (the next endpoint close then closes it) or cxr_rdma_close;
+ * for the caller it is gone either way. */
 void cxr_rdma_ep_close(cxr_rdma_ep *ep);
 /* Forgets what the directory knows about a host and closes its pooled endpoints (its next
  * connect is cold). */
@@ -173,6 +174,8 @@ typedef struct cxr_rdma_stats {
   unsigned known_hosts;
   unsigned pooled;        /* ready endpoints waiting in the pools now */
   int pin_mode;           /* the mode in force (auto resolved to always or never) */
+  unsigned parked;        /* closed endpoints kept open for one-sided ops still pending
+                             (cxr_rdma_ep_close(3)) */
 } cxr_rdma_stats;
 int cxr_rdma_stats_get(const cxr_rdma *r, cxr_rdma_stats *out);
 

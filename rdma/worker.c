@@ -684,7 +684,7 @@ void cxr_rdma_close(cxr_rdma *r) {
     cxr__eps_close_all(r);
     run_queued(r);
   }
-  unsigned parked = r->worker ? cxr__eps_unpark(r) : 0;
+  unsigned parked = r->worker ? cxr__eps_unpark(r, 200000000) : 0;  /* one last wait */
   cxr__pin_fini(r);
   /* Messages and work nobody will run any more. */
   while (r->mq_head) {
