@@ -119,6 +119,7 @@ typedef struct rdma_defer {
 } rdma_defer;
 
 struct cxr_rdma {
+  pid_t owner;            /* the process that opened it (a fork child's copy is not its own) */
   ucp_context_h ctx;
   ucp_worker_h worker;
   ucp_listener_h listener;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "rdma/internal.h"
 
@@ -574,6 +575,7 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   }
   cxr_rdma *r = calloc(1, sizeof *r);
   if (r == NULL) return CXR_ENOMEM;
+  r->owner = getpid();
   pthread_mutex_init(&r->lock, NULL);
   pthread_mutex_init(&r->bounce_lock, NULL);
   r->spin_ns = o->spin_ns;
@@ -667,7 +669,10 @@ static void leave_to_ucx(cxr_rdma *r, unsigned parked) {
 }
 
 void cxr_rdma_close(cxr_rdma *r) {
-  if (r == NULL) return;
+  /* In a child made by fork(2) the engine is a copy of the parent's: its progress thread is
+   * not there to join, and its sockets are the parent's, so closing it would hang the child
+   * or end the parent's endpoints. The copy is left alone (the child's exit drops it). */
+  if (r == NULL || r->owner != getpid()) return;
   if (r->thread_started) {
     atomic_store(&r->stop, true);
     cxr__wake(r);

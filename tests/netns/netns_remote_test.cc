@@ -100,6 +100,20 @@ TEST_F(NetnsRemote, AFailedCallsResultBlocksAreFreedInTheServersHeap) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, AChildThatExitsLeavesItsParentsConnectionAlone) {
+  // A child made by fork shares its parent's UCX sockets; when it exits, atexit handlers run
+  // in it, the runtime's engine close among them, and must not end the parent's endpoints.
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  ASSERT_EQ(ask(a, "noop 2000"), "ok");
+  EXPECT_EQ(ask(a, "forkexit", 20000), "ok 0");
+  EXPECT_EQ(ask(a, "noop 2000"), "ok");
+  EXPECT_EQ(ask(a, "graph 10").rfind("ok", 0), 0u);
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST_F(NetnsRemote, KilledServerEndsPendingCallsWithPeerDead) {
   cxrt::Proc s, a, b;
   // b knew the server (its directory and pool) but has no connection when it dies.
