@@ -212,9 +212,10 @@ int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const v
 /* The same on an endpoint that other threads may end meanwhile: its status if it failed. */
 int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, int64_t deadline_ns, bool wait);
-/* Same, and `owned` (malloc'd; may hold iov and the data it points to) is freed once UCX
- * no longer needs it, even when the wait gives up at the deadline. */
-int cxr__am_send_owned(cxr_rdma *r, ucp_ep_h uep, unsigned id, const void *hdr, size_t hlen,
+/* Same (waiting, on an endpoint others may end), and `owned` (malloc'd; may hold iov and the
+ * data it points to) is freed once UCX no longer needs it, even when the wait gives up at
+ * the deadline. */
+int cxr__am_send_owned(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                        const struct iovec *iov, size_t niov, void *owned, int64_t deadline_ns);
 /* cxr_rdma_defer without waking the worker (safe under the caller's own locks); the
  * progress thread finds it within its poll period (20 ms with a tick set). */
@@ -224,7 +225,6 @@ void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user);
 /* Progresses the worker on the calling thread (a waiter); returns events handled. */
 unsigned cxr__rdma_progress(cxr_rdma *r);
 void cxr__rdma_waiter(cxr_rdma *r, int delta);
-ucp_ep_h cxr__rdma_ep_uep(cxr_rdma_ep *ep);
 int cxr__am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user, int flags);
 
 /* ep.c */

@@ -138,13 +138,6 @@ int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline)
 
 unsigned cxr__rdma_progress(cxr_rdma *r) { return ucp_worker_progress(r->worker); }
 void cxr__rdma_waiter(cxr_rdma *r, int delta) { atomic_fetch_add(&r->waiters, delta); }
-/* For rpc/, which posts on its own endpoints and never lets a one-sided call end them. */
-ucp_ep_h cxr__rdma_ep_uep(cxr_rdma_ep *ep) {
-  pthread_rwlock_rdlock(&ep->ulock);
-  ucp_ep_h u = ep->uep;
-  pthread_rwlock_unlock(&ep->ulock);
-  return u;
-}
 
 void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user) {
   pthread_mutex_lock(&r->lock);
@@ -434,9 +427,9 @@ int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hd
   return am_send(ep->r, ep, NULL, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL);
 }
 
-int cxr__am_send_owned(cxr_rdma *r, ucp_ep_h uep, unsigned id, const void *hdr, size_t hlen,
+int cxr__am_send_owned(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                        const struct iovec *iov, size_t niov, void *owned, int64_t deadline) {
-  return am_send(r, NULL, uep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, deadline,
+  return am_send(ep->r, ep, NULL, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, deadline,
                  true, owned);
 }
 

@@ -547,8 +547,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
               .deadline_rel = rel, .flags = o->flags & ~(unsigned)CXR_CALL_SEAL,
               .nranges = (uint32_t)nr, .nrel = nrel, .inline_len = (uint32_t)inl};
   if (o->ranges == NULL && args != NULL && !inl) h.arg_len = rg[0].len;
-  int err = cxr__am_send_owned(eng(), cxr__rdma_ep_uep(rc->ep), R_CALL, &h, sizeof h, iov, niov,
-                               own, f->deadline);
+  int err = cxr__am_send_owned(rc->ep, R_CALL, &h, sizeof h, iov, niov, own, f->deadline);
   if (err) {
     /* Not sent (or not within the deadline): the call ends here. */
     if (expire(f, err == CXR_ETIMEDOUT ? CXR_ETIMEDOUT : err)) {
