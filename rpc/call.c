@@ -274,7 +274,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
                         const cxr_call_opts *o) {
   if (out == NULL) return CXR_EINVAL;
   *out = NULL;
-  if (c != NULL && cxr__inherited(c->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (c != NULL && cxr__fork_inherited(c->fork_epoch)) return CXR_ECLOSED;
   if (c != NULL && c->remote) return cxr__remote_call_async(c, method, args, out, o);
   if (c == NULL || c->tab == NULL) return CXR_EINVAL;
   static const cxr_call_opts defaults; /* what cxr_call_opts_init gives: all zero */
@@ -343,7 +343,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
 int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
                   const cxr_call_opts *o) {
   if (result != NULL) *result = NULL; /* also when the call is never sent, pod or remote */
-  if (c != NULL && cxr__inherited(c->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (c != NULL && cxr__fork_inherited(c->fork_epoch)) return CXR_ECLOSED;
   if (c != NULL && c->remote) return cxr__remote_call(c, method, args, result, o);
   cxr_future *f;
   int rc = cxr_conn_call_async(c, method, args, &f, o);
@@ -372,7 +372,7 @@ int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
 int cxr_future_poll(cxr_future *f, void **result) {
   if (f == NULL || f->c == NULL) return CXR_EINVAL;
   if (result) *result = NULL;
-  if (cxr__inherited(f->c->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (cxr__fork_inherited(f->c->fork_epoch)) return CXR_ECLOSED;
   if (f->c->remote) return cxr__remote_future_poll(f, result);
   cxr_conn *c = f->c;
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
@@ -399,7 +399,7 @@ int cxr_future_poll(cxr_future *f, void **result) {
 int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
   if (f == NULL || f->c == NULL || timeout_ns < 0) return CXR_EINVAL;
   if (result) *result = NULL;
-  if (cxr__inherited(f->c->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (cxr__fork_inherited(f->c->fork_epoch)) return CXR_ECLOSED;
   if (f->c->remote) return cxr__remote_future_wait(f, timeout_ns, result);
   int64_t until = timeout_ns == 0 ? INT64_MAX : cxr_now_ns() + timeout_ns;
   if (until < 0) until = INT64_MAX;
@@ -413,7 +413,7 @@ int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
 
 int cxr_future_cancel(cxr_future *f) {
   if (f == NULL || f->c == NULL) return CXR_EINVAL;
-  if (cxr__inherited(f->c->fork_gen)) return CXR_ECLOSED; /* its id is the parent's call */
+  if (cxr__fork_inherited(f->c->fork_epoch)) return CXR_ECLOSED; /* its id is the parent's call */
   if (f->c->remote) return cxr__remote_future_cancel(f);
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
@@ -425,7 +425,7 @@ int cxr_future_cancel(cxr_future *f) {
 }
 
 void cxr_future_free(cxr_future *f) {
-  if (f == NULL || f->c == NULL || cxr__inherited(f->c->fork_gen)) return; /* fork.c */
+  if (f == NULL || f->c == NULL || cxr__fork_inherited(f->c->fork_epoch)) return;
   if (f->c->remote) {
     cxr__remote_future_free(f);
     return;
@@ -529,7 +529,7 @@ static void *completion_main(void *arg) {
 
 int cxr_future_then(cxr_future *f, void (*cb)(int err, void *result, void *user), void *user) {
   if (f == NULL || f->c == NULL || cb == NULL) return CXR_EINVAL;
-  if (cxr__inherited(f->c->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (cxr__fork_inherited(f->c->fork_epoch)) return CXR_ECLOSED;
   if (f->c->remote) return cxr__remote_future_then(f, cb, user);
   cxr_conn *c = f->c;
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);

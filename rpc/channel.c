@@ -54,7 +54,7 @@ const cxr__method *cxr__method_find(const cxr_channel *ch, uint32_t id) {
 
 int cxr_channel_on(cxr_channel *ch, uint32_t method, cxr_handler fn, void *user) {
   if (ch == NULL || fn == NULL) return CXR_EINVAL;
-  if (cxr__inherited(ch->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (cxr__fork_inherited(ch->fork_epoch)) return CXR_ECLOSED;
   if (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE)) return CXR_EBUSY;
   unsigned h = method_hash(method);
   for (unsigned i = 0; i < CXR__METHOD_SLOTS; i++) {
@@ -402,7 +402,7 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
 
   cxr_channel *ch = calloc(1, sizeof *ch);
   if (ch == NULL) return CXR_ENOMEM;
-  ch->fork_gen = cxr__fork_gen_now();
+  ch->fork_epoch = cxr__fork_epoch;
   ch->o = o;
   ch->o.listen = NULL;
   snprintf(ch->name, sizeof ch->name, "%s", name);
@@ -498,7 +498,7 @@ static void wake_all(cxr_channel *ch) {
 
 int cxr_channel_start(cxr_channel *ch) {
   if (ch == NULL || ch->cb == NULL) return CXR_EINVAL;
-  if (cxr__inherited(ch->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (cxr__fork_inherited(ch->fork_epoch)) return CXR_ECLOSED;
   pthread_mutex_lock(&ch->lock);
   int rc = 0;
   if (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE)) {
@@ -521,7 +521,7 @@ int cxr_channel_start(cxr_channel *ch) {
 
 int cxr_channel_serve(cxr_channel *ch) {
   if (ch == NULL || ch->cb == NULL) return CXR_EINVAL;
-  if (cxr__inherited(ch->fork_gen)) return CXR_ECLOSED; /* fork.c */
+  if (cxr__fork_inherited(ch->fork_epoch)) return CXR_ECLOSED;
   pthread_mutex_lock(&ch->lock);
   if (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE)) {
     pthread_mutex_unlock(&ch->lock);
@@ -543,7 +543,7 @@ int cxr_channel_serve(cxr_channel *ch) {
 }
 
 void cxr_channel_stop(cxr_channel *ch) {
-  if (ch == NULL || ch->cb == NULL || cxr__inherited(ch->fork_gen)) return; /* fork.c */
+  if (ch == NULL || ch->cb == NULL || cxr__fork_inherited(ch->fork_epoch)) return;
   __atomic_store_n(&ch->stop, 1, __ATOMIC_RELEASE);
   wake_all(ch);
   /* Threads started by cxr_channel_start are joined here (unless we are one of them);
@@ -563,9 +563,9 @@ void cxr_channel_stop(cxr_channel *ch) {
 }
 
 void cxr_channel_close(cxr_channel *ch) {
-  /* A child's copy of its parent's channel (fork.c) is left as it is: closing it would stop
+  /* A child's copy of its parent's channel (fork(2)) is left as it is: closing it would stop
    * the parent's service for every client, and its threads and locks are not ours. */
-  if (ch == NULL || cxr__inherited(ch->fork_gen)) return;
+  if (ch == NULL || cxr__fork_inherited(ch->fork_epoch)) return;
   cxr__remote_stop(ch);
   if (ch->cb != NULL) {
     cxr_channel_stop(ch);

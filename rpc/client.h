@@ -56,7 +56,10 @@ typedef struct cxr__ctl_ref {
 
 struct cxr_conn {
   int transport;
-  uint32_t fork_gen;     /* cxr__fork_gen when made: in a child it only refuses (fork.c) */
+  /* cxr__fork_epoch when made. A child made by fork(2) shares the parent's rings, call ids
+   * and slot but none of its threads: there the connection refuses calls (CXR_ECLOSED) and
+   * a close only forgets the child's copy. */
+  unsigned fork_epoch;
   cxr__ctl_ref *ctl;
   cxr__chan_block *cb;
   cxr_heap *heap;

@@ -282,6 +282,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   int rc = cxr_init(NULL);
   if (rc != 0 && rc != CXR_EBUSY) return rc;
   pthread_once(&locks_once, locks_install);
+  c->fork_epoch = cxr__fork_epoch; /* after cxr_init: its atfork hook bumps the epoch */
   if ((rc = ctl_get(name, &c->ctl)) != 0) return rc;
   cxr__chan_block *cb = c->ctl->cb;
   c->cb = cb;
@@ -364,7 +365,6 @@ int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
   if (t == CXR__TRANSPORT_UCX) return cxr__remote_connect(out, target, &o);
   cxr_conn *c = calloc(1, sizeof *c);
   if (c == NULL) return CXR_ENOMEM;
-  c->fork_gen = cxr__fork_gen_now();
   c->transport = t;
   c->uid = cxr__conn_uid();
   c->default_deadline = o.default_deadline_ns;
@@ -435,7 +435,7 @@ int cxr__conn_check(cxr_conn *c, bool force) {
 
 void cxr_conn_close(cxr_conn *c) {
   if (c == NULL) return;
-  if (cxr__inherited(c->fork_gen)) {
+  if (cxr__fork_inherited(c->fork_epoch)) {
     forget_inherited(c);
     return;
   }

@@ -308,15 +308,6 @@ uint32_t cxr__conn_table_size(cxr_conn *c);
 /* The connection's rings as mapped here (tests corrupt them on purpose). */
 int cxr__conn_rings(cxr_conn *c, cxr__rview *req, cxr__rview *resp);
 
-/* fork.c: the process's fork generation (bumped in every child by an atfork hook that the
- * first call installs). Connections and channels keep the value they were made under. */
-extern uint32_t cxr__fork_gen;
-uint32_t cxr__fork_gen_now(void);
-/* True in a child of the process that made the object (see rpc/fork.c). */
-static inline bool cxr__inherited(uint32_t made) {
-  return made != __atomic_load_n(&cxr__fork_gen, __ATOMIC_RELAXED);
-}
-
 #ifdef __cplusplus
 }
 #endif

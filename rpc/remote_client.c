@@ -366,7 +366,7 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
   if (rc != 0 && rc != CXR_EBUSY) return rc;
 
   cxr_conn *c = calloc(1, sizeof *c);
-  if (c != NULL) c->fork_gen = cxr__fork_gen_now();
+  if (c != NULL) c->fork_epoch = cxr__fork_epoch;
   struct cxr__rconn *x = calloc(1, sizeof *x);
   cxr__cslot *slot = calloc(1, sizeof *slot);  /* counters only: nobody else reads them */
   if (c == NULL || x == NULL || slot == NULL) {
@@ -683,7 +683,7 @@ void cxr__remote_close(cxr_conn *c) {
  * racks the server frees the result's blocks in its heap (the release rides on the next
  * call). */
 void cxr_conn_free(cxr_conn *c, void *result) {
-  if (c == NULL || result == NULL || cxr__inherited(c->fork_gen)) return;
+  if (c == NULL || result == NULL || cxr__fork_inherited(c->fork_epoch)) return;
   if (c->remote == NULL) {
     if (c->heap && cxr_heap_contains(c->heap, result, 1)) cxr_heap_free(c->heap, result);
     return;

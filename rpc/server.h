@@ -66,7 +66,9 @@ typedef struct cxr__method {
 
 struct cxr_channel {
   cxr_channel_opts o;
-  uint32_t fork_gen;         /* cxr__fork_gen when opened: in a child it only refuses (fork.c) */
+  /* cxr__fork_epoch when opened: in a child made by fork(2), which has none of its threads,
+   * it refuses start/serve/on (CXR_ECLOSED) and stop/close leave it alone. */
+  unsigned fork_epoch;
   char name[CXR__CHAN_NAME_MAX + 1];
   cxr_heap *ctl;
   cxr__chan_block *cb;

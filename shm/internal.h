@@ -12,6 +12,7 @@
 
 #include "shm/layout.h"
 #include "shm/log.h"
+#include "shm/proc.h"
 
 #define CXR_HANDLE_MAGIC 0x48434852u /* "RHCH" */
 #define CXR_RANGE_ALIGN (2u << 20)  /* the registry hands out 2 MiB-aligned ranges */
@@ -55,7 +56,6 @@ struct cxr_heap {
 };
 
 /* ---- runtime.c ---- */
-extern _Atomic unsigned cxr__fork_epoch;
 int cxr__rt_ensure(void);
 void cxr__rt_lock(void);
 void cxr__rt_unlock(void);
@@ -104,7 +104,7 @@ static inline int cxr__heap_check(const cxr_heap *h) {
 }
 static inline int cxr__heap_ready(cxr_heap *h) {
   if (cxr__heap_check(h) != 0) return CXR_EINVAL;
-  if (__builtin_expect(h->epoch != atomic_load_explicit(&cxr__fork_epoch, memory_order_relaxed), 0))
+  if (__builtin_expect(cxr__fork_inherited(h->epoch), 0))
     return cxr__heap_reattach(h);
   return 0;
 }

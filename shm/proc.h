@@ -8,6 +8,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#ifndef __cplusplus
+#include <stdatomic.h>
+#endif
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -30,6 +33,17 @@ int cxr__proc_start_time(pid_t pid, uint64_t *start_time);
 bool cxr__proc_alive(const cxr__proc_id *id);
 /* A hash of /proc/sys/kernel/random/boot_id, never 0. */
 uint64_t cxr__host_id(void);
+
+#ifndef __cplusplus
+/* This process's fork epoch (shm/runtime.c): 1, bumped in every child made by fork(2) by the
+ * atfork hook that cxr_init installs. An object records it when made; in a child it sees a
+ * newer one and knows it was inherited (heap handles, rpc's connections and channels). */
+extern _Atomic unsigned cxr__fork_epoch;
+/* True in a child of the process that made an object recorded under `made`. */
+static inline bool cxr__fork_inherited(unsigned made) {
+  return made != atomic_load_explicit(&cxr__fork_epoch, memory_order_relaxed);
+}
+#endif
 
 #ifdef __cplusplus
 }
