@@ -760,17 +760,20 @@ static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
  * its remote keys alive for the ops, its user callback gone, and closed by cxr__eps_unpark
  * once its ops finished (a target that resumes finds its endpoint alive). The endpoint is
  * gone for its user either way. */
+static void parked_push(cxr_rdma *r, cxr_rdma_ep *ep) {
+  pthread_mutex_lock(&r->lock);
+  ep->next = r->parked;
+  r->parked = ep;
+  pthread_mutex_unlock(&r->lock);
+}
+
 static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
-  cxr_rdma *r = ep->r;
   __atomic_store_n(&ep->on_err, NULL, __ATOMIC_RELEASE);
   pthread_rwlock_wrlock(&ep->ulock);
   ep->uep = u;
   pthread_rwlock_unlock(&ep->ulock);
   atomic_store(&ep->uclose, 0);
-  pthread_mutex_lock(&r->lock);
-  ep->next = r->parked;
-  r->parked = ep;
-  pthread_mutex_unlock(&r->lock);
+  parked_push(ep->r, ep);
   CXR_INFO("rdma: endpoint to %s closed with one-sided ops pending at a silent target: "
            "parked until they finish or the engine closes", ep->host);
 }
@@ -801,10 +804,7 @@ unsigned cxr__eps_unpark(cxr_rdma *r, int64_t wait_ns) {
       continue;
     }
     left++;
-    pthread_mutex_lock(&r->lock);
-    ep->next = r->parked;
-    r->parked = ep;
-    pthread_mutex_unlock(&r->lock);
+    parked_push(r, ep);
     ep = next;
   }
   return left;
