@@ -298,6 +298,12 @@ static int land_args(rsconn *c, const r_call *h, const char *d, size_t dl, const
 /* Records which blocks of our heap a result occupies, so a release frees them all. */
 static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, size_t nr);
 
+/* Whether a result range names a block of the result besides its root: one that starts a
+ * block of our heap (ranges in the argument replica are the client's). */
+static bool extra_block(rsconn *c, const void *result, const cxr_range *r) {
+  return r->p != result && cxr_heap_usable_size(c->hs, r->p) > 0;
+}
+
 static void keep_result(rsconn *c, void *result, const cxr_range *rg, size_t nr) {
   if (result == NULL) return;
   pthread_mutex_lock(&c->rlock);
@@ -320,8 +326,7 @@ static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, siz
   if (r->blocks == NULL) return;
   r->blocks[r->n++] = r->root;
   for (size_t i = 0; i < nr; i++)
-    if (rg[i].p != result && cxr_heap_usable_size(c->hs, rg[i].p) > 0)
-      r->blocks[r->n++] = (uint64_t)(uintptr_t)rg[i].p;
+    if (extra_block(c, result, &rg[i])) r->blocks[r->n++] = (uint64_t)(uintptr_t)rg[i].p;
   c->nres++;
 }
 
@@ -330,8 +335,7 @@ static void keep_result_locked(rsconn *c, void *result, const cxr_range *rg, siz
 static void drop_result(rsconn *c, void *result, const cxr_range *rg, size_t nr) {
   if (result == NULL) return;
   for (size_t i = 0; i < nr; i++)
-    if (rg[i].p != result && cxr_heap_usable_size(c->hs, rg[i].p) > 0)
-      cxr_heap_free(c->hs, (void *)rg[i].p);
+    if (extra_block(c, result, &rg[i])) cxr_heap_free(c->hs, (void *)rg[i].p);
   cxr_heap_free(c->hs, result);
 }
 
