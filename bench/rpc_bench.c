@@ -343,7 +343,7 @@ int main(int argc, char **argv) {
     ratio[r] = fmed[r] > 0 ? rmed[r] * 1000 / fmed[r] : 0;
     mratio[r] = fmean > 0 ? (int64_t)(trimmed_mean(tmp, PER) * 1000 / fmean) : 0;
     memcpy(tmp, gl + r * PER, sizeof tmp);
-    summarize(tmp, PER); /* sorts */
+    qsort(tmp, PER, sizeof tmp[0], cmp_i64); /* trimmed_mean takes sorted samples */
     gratio[r] = fmean > 0 ? (int64_t)(trimmed_mean(tmp, PER) * 1000 / fmean) : 0;
   }
   stats raw = summarize(fl, ROUNDS * PER), rtt = summarize(rl, ROUNDS * PER);
