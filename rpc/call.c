@@ -343,8 +343,10 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
 int cxr_conn_call(cxr_conn *c, uint32_t method, const void *args, void **result,
                   const cxr_call_opts *o) {
   if (result != NULL) *result = NULL; /* also when the call is never sent, pod or remote */
-  if (c != NULL && cxr__fork_inherited(c->fork_epoch)) return CXR_ECLOSED;
-  if (c != NULL && c->remote) return cxr__remote_call(c, method, args, result, o);
+  if (c != NULL && c->remote) { /* (a pod call is checked in cxr_conn_call_async) */
+    if (cxr__fork_inherited(c->fork_epoch)) return CXR_ECLOSED;
+    return cxr__remote_call(c, method, args, result, o);
+  }
   cxr_future *f;
   int rc = cxr_conn_call_async(c, method, args, &f, o);
   if (rc != 0) return rc;
