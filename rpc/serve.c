@@ -14,12 +14,17 @@
 
 #if defined(__SANITIZE_THREAD__)
 /* A result block goes to the client process, which frees it; the allocator may hand it to
- * another of our threads next. TSan cannot see that path through another process: release
- * the block here so an acquire after allocation (see tests/rpc/methods.h) orders the two. */
+ * another of our threads next, or the client to itself for a later call's arguments. TSan
+ * cannot see that path through another process: release the block here, and acquire the
+ * arguments' address before a handler reads them (an acquire after allocation does the
+ * same for results, tests/rpc/methods.h), so the old use is ordered before the new one. */
 void __tsan_release(void *addr);
+void __tsan_acquire(void *addr);
 #define RELEASE_TO_PEER(p) __tsan_release(p)
+#define ACQUIRE_FROM_PEER(p) __tsan_acquire(p)
 #else
 #define RELEASE_TO_PEER(p) ((void)(p))
+#define ACQUIRE_FROM_PEER(p) ((void)(p))
 #endif
 
 /* Server counters: with one worker it is their only writer (calls from other racks are
@@ -98,6 +103,7 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
       st = CXR_EBADPTR;
     } else {
       call.args = (const void *)(uintptr_t)d->ptr;
+      ACQUIRE_FROM_PEER((void *)(uintptr_t)d->ptr);
       call.arg_len = d->len;
     }
   } else if (d->len != 0) {
