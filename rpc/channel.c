@@ -133,9 +133,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
     b->version = CXR__VERSION;
     b->ring_slots = ring;
     b->slot = sc->index;
-    cxr__desc *d = (cxr__desc *)(b + 1);
-    b->req_desc = (uint64_t)(uintptr_t)d;
-    b->resp_desc = (uint64_t)(uintptr_t)(d + ring);
+    b->slots = (uint64_t)(uintptr_t)(b + 1);
     rc = cxr_heap_set_root(h, b);
     if (rc != 0) {
       cxr_heap_close(h);

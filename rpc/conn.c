@@ -330,8 +330,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   cxr__conn_block *b = (cxr__conn_block *)(uintptr_t)blk_addr;
   if (cxr_heap_get_root(c->heap) != b || !cxr_heap_contains(c->heap, b, cxr__conn_block_size(ring)) ||
       b->magic != CXR__CONN_MAGIC || b->version != CXR__VERSION || b->ring_slots != ring ||
-      b->slot != (uint32_t)k || b->gen != c->gen || b->req_desc != (uint64_t)(uintptr_t)(b + 1) ||
-      b->resp_desc != b->req_desc + ring * sizeof(cxr__desc)) {
+      b->slot != (uint32_t)k || b->gen != c->gen || b->slots != (uint64_t)(uintptr_t)(b + 1)) {
     rc = CXR_ECORRUPT;
     goto fail;
   }

@@ -3,13 +3,15 @@
  * claiming a slot and publishing it stalls that ring, which is acceptable: only a dead peer
  * does that, and its connection ends.
  *
- * Who writes what (this is what the round trip pays for): a slot's lines are written only
- * by producers (body, then `seq` = position + 1 to publish); the consumers' only shared
+ * Who writes what (this is what the round trip pays for): the request ring and the answer
+ * ring share their slots (rpc/internal.h, cxr__slot), each ring its own half of the first
+ * line. A ring's half is written only by its producers (body, then its sequence word =
+ * position + 1 to publish); the consumers' only shared
  * write is `head`, on its own line. A producer knows a slot is free from the consumers'
  * head, which it re-reads only when the last head it saw (kept in its private view) says
- * the ring might be full: once per lap, not per call. So a call moves the slot's line to the
- * consumer once, as a flag bounced between two processes would, instead of bouncing it
- * back and forth to hand it over (Vyukov's ring writes `seq` from both sides).
+ * the ring might be full: once per lap, not per call. So a request moves the slot's line to
+ * the server once and its answer moves it back once, as a single word bounced between two
+ * processes would (Vyukov's ring writes `seq` from both sides to hand a slot over).
  *
  * Consumers copy a slot out before they advance `head` (several consumers: copy, then CAS;
  * a loser discards its copy, which a producer of the next lap may have been overwriting).
@@ -23,11 +25,10 @@
 
 /* Bound on retries when positions race (or a hostile peer scribbles on them). */
 #define RETRIES 1024
-#define BODY_WORDS ((offsetof(cxr__desc, data) - sizeof(uint64_t)) / sizeof(uint64_t))
 
-_Static_assert(offsetof(cxr__desc, data) % sizeof(uint64_t) == 0 &&
-                   CXR__INLINE_MAX % sizeof(uint64_t) == 0,
-               "descriptors copy in whole words");
+_Static_assert(CXR__INLINE_MAX % sizeof(uint64_t) == 0, "inline bytes copy in whole words");
+
+#define LDX32(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 
 static inline void copy_words(void *dst, const void *src, size_t n) {
   uint64_t *o = dst;
@@ -36,20 +37,66 @@ static inline void copy_words(void *dst, const void *src, size_t n) {
     __atomic_store_n(&o[k], __atomic_load_n(&i[k], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
-/* Everything after seq: the first line, then the inline bytes if any (whole words; bounded
- * by CXR__INLINE_MAX whatever a peer wrote: flags and len are read from the private copy,
- * which the first step already filled). A descriptor without inline bytes is one line. */
-static inline void copy_desc(cxr__desc *dst, const cxr__desc *src, const cxr__desc *private_copy) {
-  copy_words(&dst->call_id, &src->call_id, BODY_WORDS);
-  uint64_t len = private_copy->len;
-  if ((private_copy->flags & CXR_CALL_INLINE) && len > 0 && len <= CXR__INLINE_MAX)
-    copy_words(dst->data, src->data, (size_t)(len + 7) / 8);
+static inline cxr__slot *slot_at(const cxr__rview *v, uint64_t pos) {
+  return &v->s[pos & v->mask];
+}
+
+/* The sequence word of this ring in the slot of position pos. */
+static inline uint32_t *seq_at(const cxr__rview *v, uint64_t pos) {
+  cxr__slot *s = slot_at(v, pos);
+  return v->answers ? &s->rseq : &s->seq;
+}
+
+static inline bool inline_ok(uint32_t flags, uint64_t len) {
+  return (flags & CXR_CALL_INLINE) && len > 0 && len <= CXR__INLINE_MAX;
+}
+
+/* Writes this ring's half of a slot (not its sequence word). A request's inline bytes go
+ * in whole words (the caller zeroed the tail of the last one). */
+static inline void put(const cxr__rview *v, cxr__slot *s, const cxr__desc *in) {
+  if (v->answers) {
+    CXR__STX(&s->rcall_id, in->call_id);
+    CXR__STX(&s->rptr_status, in->ptr << 16 | (uint16_t)in->status);
+    return;
+  }
+  CXR__STX(&s->method, in->method);
+  CXR__STX(&s->call_id, in->call_id);
+  CXR__STX(&s->ptr, in->ptr);
+  CXR__STX(&s->deadline, in->deadline);
+  CXR__STX(&s->len_flags, in->len << 16 | (in->flags & 0xffff));
+  CXR__STX(&s->seal, in->seal);
+  if (inline_ok(in->flags, in->len)) copy_words(s->data, in->data, (size_t)(in->len + 7) / 8);
+}
+
+/* Copies this ring's half of a slot out (relaxed loads: a consumer that loses the race for
+ * the slot discards its copy, which a producer of the next lap may have been overwriting).
+ * The inline bytes are bounded by CXR__INLINE_MAX whatever a peer wrote: flags and length
+ * come from the private copy. */
+static inline void get(const cxr__rview *v, const cxr__slot *s, cxr__desc *out) {
+  if (v->answers) {
+    uint64_t w = CXR__LDX(&s->rptr_status);
+    cxr__desc_set(out, CXR__LDX(&s->rcall_id), 0, 0);
+    out->ptr = w >> 16;
+    out->status = (int16_t)(uint16_t)w;
+    return;
+  }
+  uint64_t lf = CXR__LDX(&s->len_flags);
+  out->call_id = CXR__LDX(&s->call_id);
+  out->method = LDX32(&s->method);
+  out->flags = (uint32_t)(lf & 0xffff);
+  out->status = 0;
+  out->seal = LDX32(&s->seal);
+  out->ptr = CXR__LDX(&s->ptr);
+  out->len = lf >> 16;
+  out->deadline = CXR__LDX(&s->deadline);
+  if (inline_ok(out->flags, out->len)) copy_words(out->data, s->data, (size_t)(out->len + 7) / 8);
 }
 
 void cxr__ring_init(cxr__rview *v) {
   for (uint32_t i = 0; i <= v->mask; i++) {
-    memset(&v->d[i], 0, sizeof v->d[i]);
-    CXR__STX(&v->d[i].seq, (uint64_t)i); /* position i waits for i + 1 */
+    cxr__slot *s = &v->s[i];
+    put(v, s, &(cxr__desc){0});
+    CXR__STX(seq_at(v, i), i); /* position i waits for i + 1 */
   }
   CXR__STX(&v->r->head, 0);
   CXR__STX(&v->r->tail, 0);
@@ -78,26 +125,41 @@ int cxr__ring_push(cxr__rview *v, const cxr__desc *in) {
      * the producer may look at their count with a plain load afterwards. */
     if (__atomic_compare_exchange_n(&v->r->tail, &pos, pos + 1, false, __ATOMIC_SEQ_CST,
                                     __ATOMIC_RELAXED)) {
-      cxr__desc *d = &v->d[pos & v->mask];
-      copy_desc(d, in, in);
-      CXR__ST(&d->seq, pos + 1);
+      put(v, slot_at(v, pos), in);
+      CXR__ST(seq_at(v, pos), (uint32_t)(pos + 1));
       return 0;
     }
   }
   return CXR_EFULL;
 }
 
+int cxr__ring_push_single(cxr__rview *v, const cxr__desc *in) {
+  const uint64_t size = (uint64_t)v->mask + 1;
+  uint64_t pos = CXR__LDX(&v->r->tail);
+  if (pos - CXR__LDX(&v->head_seen) >= size) {
+    uint64_t head = CXR__LD(&v->r->head); /* acquire: as in cxr__ring_push */
+    if (pos - head >= size) return CXR_EFULL;
+    CXR__STX(&v->head_seen, head);
+  }
+  put(v, slot_at(v, pos), in);
+  CXR__ST(seq_at(v, pos), (uint32_t)(pos + 1));
+  /* After the slot: nothing reads the tail on the way to the answer; sleepers compare it
+   * with the head after announcing themselves, and the caller's cxr__bell_ring then orders
+   * this store before its look at their count. */
+  CXR__ST(&v->r->tail, pos + 1);
+  return 0;
+}
+
 int cxr__ring_pop(cxr__rview *v, cxr__desc *out) {
   uint64_t pos = CXR__LDX(&v->r->head);
   for (int i = 0; i < RETRIES; i++) {
-    cxr__desc *d = &v->d[pos & v->mask];
-    int64_t dif = (int64_t)(CXR__LD(&d->seq) - (pos + 1));
+    int32_t dif = (int32_t)(CXR__LD(seq_at(v, pos)) - (uint32_t)(pos + 1));
     if (dif < 0) return CXR_EAGAIN;
     if (dif > 0) { /* others moved on */
       pos = CXR__LDX(&v->r->head);
       continue;
     }
-    copy_desc(out, d, out);
+    get(v, slot_at(v, pos), out);
     if (__atomic_compare_exchange_n(&v->r->head, &pos, pos + 1, false, __ATOMIC_ACQ_REL,
                                     __ATOMIC_RELAXED))
       return 0;
@@ -107,16 +169,15 @@ int cxr__ring_pop(cxr__rview *v, cxr__desc *out) {
 
 int cxr__ring_pop_single(cxr__rview *v, cxr__desc *out) {
   uint64_t pos = CXR__LDX(&v->r->head);
-  cxr__desc *d = &v->d[pos & v->mask];
-  if (CXR__LD(&d->seq) != pos + 1) return CXR_EAGAIN;
-  copy_desc(out, d, out);
+  if (CXR__LD(seq_at(v, pos)) != (uint32_t)(pos + 1)) return CXR_EAGAIN;
+  get(v, slot_at(v, pos), out);
   CXR__ST(&v->r->head, pos + 1);
   return 0;
 }
 
 bool cxr__ring_nonempty(const cxr__rview *v) {
   uint64_t pos = CXR__LDX(&v->r->head);
-  return CXR__LD(&v->d[pos & v->mask].seq) == pos + 1;
+  return CXR__LD(seq_at(v, pos)) == (uint32_t)(pos + 1);
 }
 
 bool cxr__ring_busy(const cxr__rview *v) {

@@ -41,7 +41,9 @@ static void push_response(cxr_channel *ch, cxr__sconn *sc, cxr__desc *r) {
    * dropped at once, so a client that never reads its answers costs the workers one wait,
    * not one per request (the other connections are served meanwhile). */
   int64_t give_up = 0;
-  for (unsigned i = 0; cxr__ring_push(&sc->resp, r) != 0; i++) {
+  bool single = ch->o.workers == 1; /* then this worker is the ring's only producer */
+  for (unsigned i = 0; (single ? cxr__ring_push_single(&sc->resp, r)
+                               : cxr__ring_push(&sc->resp, r)) != 0; i++) {
     if (__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) ||
         __atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE) ||
         __atomic_load_n(&sc->resp_stalled, __ATOMIC_RELAXED))
@@ -58,7 +60,8 @@ static void push_response(cxr_channel *ch, cxr__sconn *sc, cxr__desc *r) {
   }
   if (__atomic_load_n(&sc->resp_stalled, __ATOMIC_RELAXED)) /* it reads again */
     __atomic_store_n(&sc->resp_stalled, 0, __ATOMIC_RELAXED);
-  cxr__bell_after_push(&sc->blk->resp.futex, &sc->blk->resp.sleepers);
+  if (single) cxr__bell_ring(&sc->blk->resp.futex, &sc->blk->resp.sleepers);
+  else cxr__bell_after_push(&sc->blk->resp.futex, &sc->blk->resp.sleepers);
   return;
 drop:
   CXR_DEBUG("channel %s: connection %u: response ring full, dropping a response", ch->name,
@@ -118,7 +121,8 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   } else if (st == 0) {
     call.cancel = &sc->cancel[idx];
     st = cxr__dispatch(&call, m->fn, m->user, &result);
-    if (result != NULL && !cxr_heap_contains(sc->heap, result, 1)) {
+    if (result != NULL && (!cxr_heap_contains(sc->heap, result, 1) ||
+                           (uintptr_t)result >= CXR__RESULT_ADDR_LIMIT)) {
       CXR_WARN("channel %s: handler for method %u returned a pointer outside the connection heap",
                ch->name, d->method);
       st = CXR_EBADPTR;
@@ -173,8 +177,8 @@ static cxr__sconn *next_serving(cxr_channel *ch, unsigned w, uint64_t *bits) {
  * pass counter, so a pass that starts after the manager retired a connection rebuilds
  * without it, and the manager waits for the passes that started before. */
 typedef struct watch {
-  const uint64_t *seq;
-  uint64_t want;
+  const uint32_t *seq;
+  uint32_t want;
   cxr__sconn *sc;
 } watch;
 

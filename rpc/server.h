@@ -18,8 +18,8 @@ typedef struct cxr__sconn {
   /* One worker only (it alone pops the request ring): the slot at its head and the seq that
    * says it holds a request. The manager sets them with the rings (live 0), the worker after
    * each batch it pops. */
-  const uint64_t *next_seq;
-  uint64_t next_want;
+  const uint32_t *next_seq;
+  uint32_t next_want;
   cxr_heap *heap;            /* NULL while the slot has no heap */
   cxr__conn_block *blk;
   cxr__rview req, resp;
@@ -44,8 +44,8 @@ typedef struct cxr__sconn {
  * worker popped): head from the ring, index masked with the private geometry. */
 static inline void cxr__sconn_watch(cxr__sconn *sc) {
   uint64_t head = CXR__LDX(&sc->req.r->head);
-  sc->next_seq = &sc->req.d[head & sc->req.mask].seq;
-  sc->next_want = head + 1;
+  sc->next_seq = &sc->req.s[head & sc->req.mask].seq;
+  sc->next_want = (uint32_t)(head + 1);
 }
 
 /* A worker's pass counter: bumped (release) at the start of every poll pass. A pass that

@@ -13,18 +13,23 @@
 
 namespace {
 
+// A request ring (v) and an answer ring (a) over the same slots, as in a connection.
 struct Ring {
   void *mem;
-  cxr__rview v;
+  cxr__rview v, a;
   size_t size;
   explicit Ring(uint32_t slots) {
-    size = sizeof(cxr__ring) + slots * sizeof(cxr__desc);
+    size = 2 * sizeof(cxr__ring) + slots * sizeof(cxr__slot);
     mem = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    v = cxr__rview{};
     v.r = (cxr__ring *)mem;
-    v.d = (cxr__desc *)((char *)mem + sizeof(cxr__ring));
+    v.s = (cxr__slot *)((char *)mem + 2 * sizeof(cxr__ring));
     v.mask = slots - 1;
-    v.head_seen = 0;
+    a = v;
+    a.r = (cxr__ring *)mem + 1;
+    a.answers = true;
     cxr__ring_init(&v);
+    cxr__ring_init(&a);
   }
   ~Ring() { munmap(mem, size); }
 };
@@ -79,16 +84,68 @@ TEST(Ring, ManyProducersManyConsumersLoseNothing) {
   EXPECT_EQ(sum.load(), (uint64_t)producers * per * (per + 1) / 2);
 }
 
+// Requests and answers share each slot's first line: neither may disturb the other's
+// fields, whatever order they are written and read in, and every field travels whole.
+TEST(Ring, ARequestAndItsAnswerShareASlotAndKeepTheirFields) {
+  Ring r(4);
+  for (int round = 0; round < 3; round++) {
+    for (uint32_t i = 0; i < 4; i++) {
+      cxr__desc q = {}, ans = {};
+      q.call_id = 0x1234567800000000ull | i;
+      q.method = 0xfedcba98u - i;
+      q.flags = CXR_CALL_INLINE;
+      q.seal = 0xa5a5a5a5u;
+      q.ptr = 0xffffffffffff0000ull + i;  // a request's pointer travels whole (64 bits)
+      q.len = CXR__INLINE_MAX;
+      q.deadline = INT64_MAX - i;
+      for (uint32_t k = 0; k < CXR__INLINE_MAX; k++) q.data[k] = (unsigned char)(k * 7 + i);
+      ans.call_id = ~q.call_id;
+      ans.status = CXR_ERRNO_MIN;
+      ans.ptr = (CXR__RESULT_ADDR_LIMIT - 8) - i;
+      // Odd rounds answer first: a position's answer may land before its request is read.
+      bool answer_first = round & 1;
+      if (answer_first) {
+        ASSERT_EQ(cxr__ring_push(&r.a, &ans), 0);
+      }
+      ASSERT_EQ(cxr__ring_push(&r.v, &q), 0);
+      if (!answer_first) {
+        ASSERT_EQ(cxr__ring_push(&r.a, &ans), 0);
+      }
+    }
+    for (uint32_t i = 0; i < 4; i++) {
+      cxr__desc q, ans;
+      ASSERT_EQ(cxr__ring_pop(&r.a, &ans), 0);
+      ASSERT_EQ(cxr__ring_pop_single(&r.v, &q), 0);
+      EXPECT_EQ(q.call_id, 0x1234567800000000ull | i);
+      EXPECT_EQ(q.method, 0xfedcba98u - i);
+      EXPECT_EQ(q.flags, (uint32_t)CXR_CALL_INLINE);
+      EXPECT_EQ(q.seal, 0xa5a5a5a5u);
+      EXPECT_EQ(q.ptr, 0xffffffffffff0000ull + i);
+      EXPECT_EQ(q.len, (uint64_t)CXR__INLINE_MAX);
+      EXPECT_EQ(q.deadline, INT64_MAX - (int64_t)i);
+      for (uint32_t k = 0; k < CXR__INLINE_MAX; k++)
+        ASSERT_EQ(q.data[k], (unsigned char)(k * 7 + i)) << k;
+      EXPECT_EQ(ans.call_id, ~(0x1234567800000000ull | i));
+      EXPECT_EQ(ans.status, CXR_ERRNO_MIN);
+      EXPECT_EQ(ans.ptr, (CXR__RESULT_ADDR_LIMIT - 8) - i);
+    }
+    cxr__desc none;
+    EXPECT_EQ(cxr__ring_pop(&r.v, &none), CXR_EAGAIN);
+    EXPECT_EQ(cxr__ring_pop(&r.a, &none), CXR_EAGAIN);
+  }
+}
+
 TEST(Ring, TwoProcessesShareIt) {
-  Ring req(16), resp(16);
+  Ring rings(16);
+  cxr__rview &req = rings.v, &resp = rings.a;
   const int n = 5000;
   pid_t pid = fork();
   if (pid == 0) {  // echo server: answers each request with ptr + 1
     cxr__desc d;
     for (int i = 0; i < n;) {
-      if (cxr__ring_pop(&req.v, &d) != 0) continue;
+      if (cxr__ring_pop(&req, &d) != 0) continue;
       d.ptr += 1;
-      while (cxr__ring_push(&resp.v, &d) != 0) {
+      while (cxr__ring_push(&resp, &d) != 0) {
       }
       i++;
     }
@@ -99,9 +156,9 @@ TEST(Ring, TwoProcessesShareIt) {
   int64_t t0 = cxr_now_ns();
   for (int i = 0; i < n && cxr_now_ns() - t0 < 20000000000; i++) {
     d.ptr = (uint64_t)i;
-    while (cxr__ring_push(&req.v, &d) != 0) {
+    while (cxr__ring_push(&req, &d) != 0) {
     }
-    while (cxr__ring_pop(&resp.v, &out) != 0 && cxr_now_ns() - t0 < 20000000000) {
+    while (cxr__ring_pop(&resp, &out) != 0 && cxr_now_ns() - t0 < 20000000000) {
     }
     if (out.ptr == (uint64_t)i + 1) got++;
   }

@@ -85,12 +85,13 @@ static int scribble(const char *name, int rounds) {
     for (uint32_t i = 0; i <= req.mask; i++) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
       /* Half the slots look published at the current head: the server will pop them. */
-      __atomic_store_n(&req.d[i].seq, (i & 1) ? (x >> 5) : req.r->head + 1, __ATOMIC_RELEASE);
-      req.d[i].ptr = x;
-      req.d[i].len = x >> 11;
-      req.d[i].method = (uint32_t)(x % 8);
-      req.d[i].flags = (uint32_t)(x >> 40) & 3;
-      req.d[i].call_id = x;
+      cxr__slot *s = &req.s[i];
+      __atomic_store_n(&s->seq, (uint32_t)((i & 1) ? (x >> 5) : req.r->head + 1), __ATOMIC_RELEASE);
+      s->ptr = x;
+      s->len_flags = (x >> 11) << 16 | ((x >> 40) & 3);
+      s->method = (uint32_t)(x % 8);
+      s->call_id = x;
+      s->seal = (uint32_t)(x >> 13);
     }
     cxr__desc d;
     memset(&d, 0, sizeof d);
