@@ -95,6 +95,15 @@ TEST_F(Call, ResultsInHeapAndInline) {
   EXPECT_EQ(memcmp(res, buf, 4000), 0);
   EXPECT_NE(res, (void *)buf);
   cxr_heap_free(h, res);
+  // Inline arguments of every length up to the most a descriptor carries arrive whole (they
+  // share a slot with an answer: rpc/internal.h, cxr__slot).
+  for (size_t n = 1; n <= CXR__INLINE_MAX; n++) {
+    cxr_call_opts o = inline_opts(n);
+    ASSERT_EQ(cxr_conn_call(c, M_ECHO, buf + n, &res, &o), 0) << n;
+    ASSERT_NE(res, nullptr);
+    ASSERT_EQ(memcmp(res, buf + n, n), 0) << n;
+    cxr_heap_free(h, res);
+  }
   cxr_heap_free(h, buf);
 }
 

@@ -72,8 +72,9 @@ static inline int m_fail(cxr_call *c, const void *a, void **r, void *u) {
 static inline int m_echo(cxr_call *c, const void *a, void **r, void *u) {
   (void)u;
   cxr_heap *h = cxr_call_heap(c);
-  size_t n = a ? cxr_heap_usable_size(h, a) : 0;
+  size_t n = cxr_call_arg_len(c); /* inline bytes, or what the caller said */
   if (a == NULL) return 0;
+  if (n == 0) n = cxr_heap_usable_size(h, a);
   void *out = alloc_result(c, n);
   if (out == NULL) return CXR_ENOMEM;
   memcpy(out, a, n);
