@@ -84,8 +84,8 @@ _Static_assert(sizeof(cxr__slot) == 128 && offsetof(cxr__slot, rseq) == 44 &&
                    offsetof(cxr__slot, data) == 64,
                "a request and an answer in the first line, inline bytes in the second");
 #endif
-/* Results travel as 48-bit addresses: user space on x86-64 (4-level paging) and arm64
- * (48-bit VA) lies below this. */
+/* Results travel as 48-bit addresses: every heap lies in the address window, which
+ * cxr_init keeps below 2^47 (shm/runtime.c); the server refuses anything else. */
 #define CXR__RESULT_ADDR_LIMIT (1ull << 48)
 
 /* A descriptor to send, its first line set field by field (inline bytes are the caller's):
