@@ -279,7 +279,7 @@ TEST_F(Proc, AClientNamingAnotherProcessIsNotVerified) {
   ASSERT_NO_FATAL_FAILURE(serve("imp", 1));
   auto ask = [&](int pid) {
     Peer p = spawn_peer({"impostor", name, std::to_string(pid)});
-    std::string l = read_line(p, 10000);
+    std::string l = read_line(p, 45000);  // the peer waits up to 20 s to connect, 20 s more
     EXPECT_EQ(wait_peer(p), 0);
     return l;
   };

@@ -108,16 +108,28 @@ static int scribble(const char *name, int rounds) {
   return 0;
 }
 
+/* Says why an impostor gave up (its test only sees the exit status otherwise). */
+static int impostor_fail(const char *step, int rc) {
+  fprintf(stderr, "impostor: %s: %s\n", step, cxr_strerror(rc));
+  return 1;
+}
+
 static int impostor(const char *name, int pid) {
   cxr_conn *c;
-  if (cxr_connect(&c, name, NULL) != 0) return 1;
+  /* Generous waits: the test runs beside many others under ThreadSanitizer, where a connect
+   * (the pool refilled by the server's manager) has taken more than the default 2 s. */
+  cxr_conn_opts co;
+  cxr_conn_opts_init(&co);
+  co.connect_timeout_ns = 20000000000;
+  int rc = cxr_connect(&c, name, &co);
+  if (rc != 0) return impostor_fail("connect", rc);
   char ctl_name[CXR_NAME_MAX + 1];
   snprintf(ctl_name, sizeof ctl_name, "ch.%s", name);
   cxr_heap *ctl;
-  if (cxr_heap_open(&ctl, ctl_name) != 0) return 1;
+  if ((rc = cxr_heap_open(&ctl, ctl_name)) != 0) return impostor_fail("control heap", rc);
   cxr__chan_block *cb = cxr_heap_get_root(ctl);
   cxr__conn_block *b = cxr_heap_get_root(cxr_conn_heap(c));
-  if (cb == NULL || b == NULL) return 1;
+  if (cb == NULL || b == NULL) return impostor_fail("roots", CXR_ECORRUPT);
   cxr__cslot *s = &cb->slots[b->slot];
   uint64_t o = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE);
   if (pid != 0)
@@ -129,10 +141,13 @@ static int impostor(const char *name, int pid) {
   memset(&d, 0, sizeof d);
   d.call_id = (uint64_t)1 << 32; /* generation 1, entry 0 */
   d.method = M_PEER;
-  d.deadline = cxr_now_ns() + 5000000000;
-  if (cxr__conn_push_raw(c, &d) != 0 || cxr__conn_pop_raw(c, &r, 5000000000) != 0) return 1;
+  d.deadline = cxr_now_ns() + 20000000000;
+  if ((rc = cxr__conn_push_raw(c, &d)) != 0) return impostor_fail("push", rc);
+  if ((rc = cxr__conn_pop_raw(c, &r, 20000000000)) != 0) return impostor_fail("answer", rc);
   const cxr_peer *p = (const cxr_peer *)(uintptr_t)r.ptr;
-  if (r.status != 0 || p == NULL || !cxr_heap_contains(cxr_conn_heap(c), p, sizeof *p)) return 1;
+  if (r.status != 0) return impostor_fail("call", r.status);
+  if (p == NULL || !cxr_heap_contains(cxr_conn_heap(c), p, sizeof *p))
+    return impostor_fail("result", CXR_EBADPTR);
   printf("peer %d %d %u\n", p->verified ? 1 : 0, p->pid, p->uid);
   fflush(stdout);
   _exit(0); /* its slot stays claimed under the other pid; the channel's close ends it */
