@@ -254,7 +254,10 @@ int cxr_bytes_set(cxr_heap *h, cxr_bytes *b, const void *p, size_t len) {
 
 void *cxr_vec_alloc(cxr_heap *h, size_t elem, uint64_t n) {
   if (!h || elem == 0) return cxr__fail_null(CXR_EINVAL);
-  if (n == 0) return cxr__fail_null(CXR_EINVAL);
+  /* An empty list still gets a block (of one element): NULL then always means failure, so
+   * `if (!CXR_VEC_ALLOC(h, v, n)) return CXR_ENOMEM;` holds for any n, and the generated
+   * free gives the block back with the message. Nothing reads it while count is 0. */
+  if (n == 0) n = 1;
   if (n > SIZE_MAX / elem) return cxr__fail_null(CXR_ENOMEM);
   void *p = cxr_heap_alloc(h, (size_t)(n * elem));
   if (!p) return NULL;

@@ -88,10 +88,12 @@ const char *cxr_invalid_str(int reason);
 int cxr_str_set(cxr_heap *h, cxr_str *s, const char *p, size_t len);
 int cxr_str_setz(cxr_heap *h, cxr_str *s, const char *z);
 int cxr_bytes_set(cxr_heap *h, cxr_bytes *b, const void *p, size_t len);
-/* n zeroed elements of elem bytes in h (NULL with cxr_last_error() on failure). */
+/* n zeroed elements of elem bytes in h (NULL with cxr_last_error() on failure); n = 0
+ * gives a block of one element, so that NULL always means failure. */
 void *cxr_vec_alloc(cxr_heap *h, size_t elem, uint64_t n);
 /* Allocates n zeroed items for any vector type: CXR_VEC_ALLOC(h, m->tags, 8) sets items
- * and count and gives the items pointer (NULL on failure, count 0). A GNU statement
+ * and count and gives the items pointer (NULL on failure, count 0; n = 0 makes an empty
+ * list, not a failure). A GNU statement
  * expression (gcc, clang) so that vec is evaluated once and the result may be ignored. */
 #define CXR_VEC_ALLOC(h, vec, n)                                                   \
   __extension__({                                                                  \
