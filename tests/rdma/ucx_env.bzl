@@ -13,6 +13,8 @@ def ucx_test_env(device):
         "UCX_WARN_UNUSED_ENV_VARS": "n",
         # A server restarted on its port does not wait for the old connections' TIME_WAIT.
         "UCX_TCP_CM_REUSEADDR": "y",
-        # UCX logs to stdout by default: keep its lines out of the peers' answer lines.
-        "UCX_LOG_FILE": "/dev/stderr",
+        # UCX logs to stdout by default: keep its lines out of the peers' answer lines. The
+        # keyword, not /dev/stderr: UCX opens a path for writing, which truncated test.log (the
+        # test's own stderr) and hid everything printed before.
+        "UCX_LOG_FILE": "stderr",
     }
