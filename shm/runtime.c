@@ -75,6 +75,7 @@ static void register_atfork(void) {
 void cxr_init_opts_init(cxr_init_opts *o) {
   if (o == NULL) return;
   memset(o, 0, sizeof *o);
+  o->pod = CXR_POD_DEFAULT;
 }
 
 static int parse_window(const char *s, uintptr_t *base, size_t *size) {
@@ -143,8 +144,18 @@ int cxr_init(const cxr_init_opts *o) {
   unsigned slices = o && o->pod_slices ? o->pod_slices : DEFAULT_SLICES;
   unsigned pod = 0;
   const char *ps = getenv("CXRPC_POD");
-  if (o && o->pod) pod = o->pod;
-  else if (ps && *ps) pod = (unsigned)strtoul(ps, NULL, 0);
+  if (o && o->pod != CXR_POD_DEFAULT) {
+    pod = o->pod; /* 0 included: a process may name pod 0 whatever the environment says */
+  } else if (ps && *ps) {
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(ps, &end, 0);
+    if (errno || *end != '\0' || *ps == '-' || v >= CXR_POD_DEFAULT) {
+      CXR_ERR("CXRPC_POD=%s: expected a slice number", ps);
+      return CXR_EINVAL;
+    }
+    pod = (unsigned)v;
+  }
   if (strlen(root) >= sizeof rt_root - 80) return CXR_ENAMETOOLONG;
   if (wbase % CXR_RANGE_ALIGN || wsize % CXR_RANGE_ALIGN || wsize == 0 ||
       wbase + wsize > 0x800000000000ull || wbase + wsize < wbase)

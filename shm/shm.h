@@ -20,9 +20,13 @@ typedef struct cxr_init_opts {
   const char *root;       /* pod root folder; default $CXRPC_ROOT or /dev/shm/cxrpc */
   uintptr_t window_base;  /* default from $CXRPC_WINDOW ("0xLO-0xHI") or 0x600000000000 */
   size_t window_size;     /* default 0x100000000000 (16 TiB) */
-  unsigned pod;           /* slice of the window this pod owns; default $CXRPC_POD or 0 */
+  unsigned pod;           /* slice of the window this pod owns; CXR_POD_DEFAULT (what
+                             cxr_init_opts_init sets): $CXRPC_POD, or 0 */
   unsigned pod_slices;    /* how many slices the window is cut into; default 16 */
 } cxr_init_opts;
+
+/* cxr_init_opts.pod: take $CXRPC_POD (or 0). Any other value, 0 included, is that pod. */
+#define CXR_POD_DEFAULT 0xffffffffu
 
 void cxr_init_opts_init(cxr_init_opts *o);
 /* Reserves the window (PROT_NONE, via libpmem2) and checks the root. Idempotent: later

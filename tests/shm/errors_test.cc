@@ -92,6 +92,38 @@ TEST(Errors, A_RootMissingOrNotWritable) {
     return b >= sb && b < sb + ss ? 0 : 14;
   });
   EXPECT_EQ(wait_child(pp), 0);
+  // CXRPC_POD names the pod when the options leave it to the environment; an explicit pod,
+  // 0 included, wins over it; text that is not a slice number is refused.
+  auto pod_of_heap = [&](const char *env, bool explicit_zero) -> int {
+    pid_t p = spawn([&]() -> int {
+      setenv("CXRPC_POD", env, 1);
+      cxr_init_opts o;
+      cxr_init_opts_init(&o);
+      if (explicit_zero) o.pod = 0;
+      int rc = cxr_init(explicit_zero ? &o : nullptr);
+      if (rc == CXR_EINVAL) return 100;
+      if (rc != 0) return 101;
+      cxr_heap *h;
+      std::string n = uniq("podenv");
+      if (cxr_heap_create(&h, n.c_str(), 1 << 20, nullptr) != 0) return 102;
+      uintptr_t b = (uintptr_t)cxr_heap_base(h);
+      cxr_heap_close(h);
+      cxr_heap_unlink(n.c_str());
+      for (unsigned k = 0; k < 16; k++) {
+        uintptr_t sb;
+        size_t ss;
+        if (cxr_pod_slice(k, &sb, &ss) == 0 && b >= sb && b < sb + ss) return (int)k;
+      }
+      return 103;
+    });
+    return wait_child(p);
+  };
+  EXPECT_EQ(pod_of_heap("2", false), 2);
+  EXPECT_EQ(pod_of_heap("2", true), 0);  // was 2: a zero pod meant "default"
+  EXPECT_EQ(pod_of_heap("two", false), 100);
+  EXPECT_EQ(pod_of_heap("2x", false), 100);
+  EXPECT_EQ(pod_of_heap("-1", false), 100);
+  EXPECT_EQ(pod_of_heap("16", false), 100);  // not below the 16 slices
   // Nothing was initialised by the failures: the real root still works.
   EXPECT_EQ(cxr_init(nullptr), 0);
   EXPECT_STREQ(cxr_root(), g_root.c_str());
