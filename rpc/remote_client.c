@@ -384,7 +384,7 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
   snprintf(x->host, sizeof x->host, "%s", host);
   snprintf(x->chan, sizeof x->chan, "%s", chan);
   x->rel = calloc(R_MAX_REL, sizeof *x->rel);
-  if (x->rel == NULL || (rc = cxr__conn_table_init(c, 256)) != 0) {
+  if (x->rel == NULL || (rc = cxr__conn_table_init(c, R_CALLS_IN_FLIGHT)) != 0) {
     rc = rc ? rc : CXR_ENOMEM;
     goto fail;
   }

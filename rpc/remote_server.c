@@ -17,9 +17,6 @@ typedef struct rres {
   uint64_t *blocks;
 } rres;
 
-/* Call ids a connection remembers as cancelled: enough for every call of a burst the
- * client gives up on; an older one that falls out merely runs (its answer is discarded). */
-#define R_CANCEL_KEEP 64
 
 typedef struct rsconn {
   struct rsconn *next;
@@ -34,8 +31,10 @@ typedef struct rsconn {
   pthread_mutex_t rlock;  /* res (workers may run calls of one connection at once) */
   rres *res;
   uint32_t nres, rescap;
-  uint64_t cancelled[R_CANCEL_KEEP]; /* the last call ids the client gave up on (rlock) */
-  unsigned ncancelled;
+  /* Per index of the client's pending table, the last call id given up on (rlock): a call
+   * in flight owns its index, so no cancel of one is forgotten, however many come at once
+   * (a hostile client's other ids only land on its own calls' words). */
+  uint64_t cancelled[R_CALLS_IN_FLIGHT];
   int users;              /* calls running on it (under the listener's lock) */
   bool dead;              /* closed while in use: the last call destroys it */
 } rsconn;
@@ -342,11 +341,13 @@ static void drop_result(rsconn *c, void *result, const cxr_range *rg, size_t nr)
 static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, rsconn *c,
                      int64_t arrived);
 
+static uint64_t *cancel_word(rsconn *c, uint64_t call_id) {
+  return &c->cancelled[(uint32_t)call_id % R_CALLS_IN_FLIGHT];
+}
+
 static bool was_cancelled(rsconn *c, uint64_t call_id) {
-  bool hit = false;
   pthread_mutex_lock(&c->rlock);
-  unsigned n = c->ncancelled < R_CANCEL_KEEP ? c->ncancelled : R_CANCEL_KEEP;
-  for (unsigned i = 0; i < n && !hit; i++) hit = c->cancelled[i] == call_id;
+  bool hit = *cancel_word(c, call_id) == call_id;
   pthread_mutex_unlock(&c->rlock);
   return hit;
 }
@@ -365,7 +366,7 @@ static void on_cancel(cxr_rdma_msg *m, void *user) {
   if (c == NULL) return;
   if (c->token == hp->token) {
     pthread_mutex_lock(&c->rlock);
-    c->cancelled[c->ncancelled++ % R_CANCEL_KEEP] = hp->call_id;
+    *cancel_word(c, hp->call_id) = hp->call_id;
     pthread_mutex_unlock(&c->rlock);
   }
   rs_put(l, c);

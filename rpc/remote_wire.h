@@ -25,6 +25,9 @@ enum {
 #define R_MAGIC 0x31525843u /* "CXR1" */
 #define R_MAX_RANGES 65536u
 #define R_MAX_REL 1024u
+/* A remote client's pending table: at most this many calls in flight per connection, and
+ * a call id's low 32 bits are its index in the table (generation << 32 | index). */
+#define R_CALLS_IN_FLIGHT 256u
 
 typedef struct r_open {
   uint32_t magic, version;

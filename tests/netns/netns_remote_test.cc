@@ -301,4 +301,17 @@ TEST_F(NetnsRemote, ACancelledCallStopsItsHandlerInTheOtherRack) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, EveryCallCancelledWhileQueuedIsSkippedHoweverManyAtOnce) {
+  // 100 calls wait behind two sleeping ones for the server's two workers, and the client
+  // cancels them all at once: the server runs none of them (it remembered only the last 64
+  // cancels before, so 36 ran).
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  EXPECT_EQ(ask(a, "cancelmany 100 20", 20000), "ok 0");
+  EXPECT_EQ(ask(a, "noop 2500"), "ok");
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 }  // namespace

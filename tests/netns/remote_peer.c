@@ -18,6 +18,9 @@
  *       queued DL         -> two calls that sleep 1 s occupy the server's two workers, and a
  *                            spin call with a deadline of DL ms waits behind them; then
  *                            "ok <spin call's code> <spin handlers started>"
+ *       cancelmany K MS   -> like queued, K spin calls of MS ms each wait behind the two
+ *                            sleeping calls, and all K are cancelled at once: "ok <spin
+ *                            handlers started since>" (0: the server skipped every one)
  *       forkexit          -> a child made by fork(2) returns from main (atexit handlers run,
  *                            the parent's engine among them): "ok <child's exit status>"
  *       failgraph N       -> N calls whose handler builds a result graph (root, name, three
@@ -427,6 +430,44 @@ static int client(const char *t) {
       if (rc) printf("err %d\n", rc);
       else printf("ok %d %lld\n", spun, counts ? (long long)counts[0] : -1LL);
       cxr_conn_free(conn, counts);
+      for (int i = 0; i < 2; i++) cxr_heap_free(cxr_conn_heap(conn), sleep_ms[i]);
+    } else if (sscanf(line, "cancelmany %ld %ld", &a, &b) == 2 && a > 0 && a <= 200) {
+      int64_t *sleep_ms[2] = {cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t)),
+                              cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t))};
+      int64_t spin_ms = b, *before = NULL, *after = NULL;
+      cxr_future *sl[2] = {NULL, NULL}, *sp[200];
+      cxr_call_opts so, po;
+      cxr_call_opts_init(&so);
+      so.deadline_ns = 10000000000;
+      so.arg_len = sizeof(int64_t);
+      cxr_call_opts_init(&po);
+      po.deadline_ns = 30000000000;
+      po.flags = CXR_CALL_INLINE;
+      po.arg_len = sizeof spin_ms;
+      int rc = sleep_ms[0] && sleep_ms[1] ? 0 : CXR_ENOMEM;
+      if (rc == 0) rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&before, NULL);
+      for (int i = 0; rc == 0 && i < 2; i++) {
+        *sleep_ms[i] = 1000;
+        rc = cxr_conn_call_async(conn, M_SLEEP, sleep_ms[i], &sl[i], &so);
+      }
+      int n = 0;
+      for (; rc == 0 && n < a; n++)
+        if ((rc = cxr_conn_call_async(conn, M_SPIN, &spin_ms, &sp[n], &po)) != 0) break;
+      for (int i = 0; i < n; i++) { /* at once, while the workers sleep */
+        cxr_future_cancel(sp[i]);
+        cxr_future_free(sp[i]);
+      }
+      for (int i = 0; i < 2; i++) {
+        if (sl[i] && rc == 0) rc = cxr_future_wait(sl[i], 0, NULL);
+        cxr_future_free(sl[i]);
+      }
+      usleep((useconds_t)(a * b / 2 + 500) * 1000); /* what did run has started by now */
+      if (rc == 0) rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&after, NULL);
+      if (rc) printf("err %d\n", rc);
+      else if (before == NULL || after == NULL) printf("err %d\n", CXR_EPROTO);
+      else printf("ok %lld\n", (long long)(after[0] - before[0]));
+      cxr_conn_free(conn, before);
+      cxr_conn_free(conn, after);
       for (int i = 0; i < 2; i++) cxr_heap_free(cxr_conn_heap(conn), sleep_ms[i]);
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
