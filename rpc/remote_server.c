@@ -37,6 +37,7 @@ typedef struct rsconn {
   uint64_t cancelled[R_CALLS_IN_FLIGHT];
   int users;              /* calls running on it (under the listener's lock) */
   bool dead;              /* closed while in use: the last call destroys it */
+  cxr_rdma_msg *close_msg; /* the client's CLOSE, answered once the replica is gone */
 } rsconn;
 
 /* A call waiting for a worker thread (channels with more than one worker). */
@@ -91,11 +92,18 @@ static void rs_put(struct cxr__rlisten *l, rsconn *c) {
   if (destroy) sconn_destroy(l, c);
 }
 
-/* c is already out of the list: destroy it now, or when its last call ends. */
-static void retire(struct cxr__rlisten *l, rsconn *c) {
+/* c is already out of the list: destroy it now, or when its last call ends. close_msg,
+ * if the client closed it, is answered by sconn_destroy: the client reuses its heap, at the
+ * same addresses, once it has that answer, so the replica must be gone first (a call that
+ * had just answered and not yet let go of c once made the reconnect find it still mapped). */
+static void retire(struct cxr__rlisten *l, rsconn *c, cxr_rdma_msg *close_msg) {
   pthread_mutex_lock(&l->lock);
   bool busy = c->users > 0;
   if (busy) c->dead = true;
+  if (close_msg) {
+    if (busy) cxr_rdma_msg_keep(close_msg);
+    c->close_msg = close_msg;
+  }
   pthread_mutex_unlock(&l->lock);
   if (!busy) sconn_destroy(l, c);
 }
@@ -116,6 +124,13 @@ static void release_root(rsconn *c, uint64_t root) {
   pthread_mutex_unlock(&c->rlock);
 }
 
+static void close_ack(cxr_rdma_msg *m) {
+  size_t hl;
+  const r_close *h = cxr_rdma_msg_hdr(m, &hl);
+  r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token};
+  cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, NULL, 0, 0);
+}
+
 static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
   while (c->nres) res_free(c, 0);
   free(c->res);
@@ -123,7 +138,12 @@ static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
   if (l) cxr__rem_spare_give(&l->heaps, c->hs);
   else if (c->hs) cxr_heap_close(c->hs);
   cxr__rem_replica_unmap(c->hc_addr, c->hc_size);
+  cxr_rdma_msg *m = c->close_msg;
+  bool kept = c->dead; /* kept by retire() while calls ran: ours to free */
   free(c);
+  if (m == NULL) return;
+  if (l) close_ack(m); /* (l NULL: the engine is closed, nobody to answer) */
+  if (kept) cxr_rdma_msg_free(m);
 }
 
 /* A client that came through our listener went away (died or closed): its connections go
@@ -150,7 +170,7 @@ static void reap_gone(void *arg) {
     if (c == NULL) break;
     CXR_INFO("remote %s: client %s gone: connection %llu reclaimed", g.l->ch->name, c->who,
              (unsigned long long)c->id);
-    retire(g.l, c);
+    retire(g.l, c, NULL);
   }
 }
 
@@ -235,9 +255,8 @@ static void on_close(cxr_rdma_msg *m, void *user) {
       break;
     }
   pthread_mutex_unlock(&l->lock);
-  if (c) retire(l, c);
-  r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token};
-  cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, NULL, 0, 0);
+  if (c) retire(l, c, m); /* answers once the replica is gone */
+  else close_ack(m);
 }
 
 static void reply_call(cxr_rdma_msg *m, const r_call *h, uint64_t token, int st, void *result,
