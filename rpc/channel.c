@@ -85,7 +85,17 @@ static void active_clear(cxr__chan_block *cb, unsigned k) {
 
 void cxr__sconn_free_result(cxr__sconn *sc, uint64_t ptr) {
   void *p = (void *)(uintptr_t)ptr;
-  if (p != NULL && cxr_heap_contains(sc->heap, p, 1)) cxr_heap_free(sc->heap, p);
+  /* Never the block the rings live in: answers left on the ring are the client's to write
+   * too, and one naming that block would free the rings under the next client. */
+  if (p == NULL || p == (void *)sc->blk || !cxr_heap_contains(sc->heap, p, 1)) return;
+  cxr_heap_free(sc->heap, p);
+}
+
+/* The connection block is still the heap's root and still allocated: the client may have
+ * freed it (any holder can free any block) or moved the root before it closed. */
+static bool rings_intact(const cxr_channel *ch, const cxr__sconn *sc) {
+  return cxr_heap_get_root(sc->heap) == (void *)sc->blk &&
+         cxr_heap_usable_size(sc->heap, sc->blk) >= cxr__conn_block_size(ch->o.ring_slots);
 }
 
 static void sconn_destroy(cxr_channel *ch, cxr__sconn *sc) {
@@ -223,8 +233,9 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   CXR_DEBUG("channel %s: slot %u %s (reaped %d holders)", ch->name, sc->index,
             dead ? "reclaimed from a dead client" : "closed", reaped);
   /* A dead client may have left blocks and half-pushed descriptors: start from a fresh
-   * heap. A clean close with a tidy heap reuses it (no file operations). */
-  if (dead || bloated) sconn_destroy(ch, sc);
+   * heap. A clean close with a tidy heap reuses it (no file operations), unless the client
+   * freed the block the rings live in: the next client's blocks would land on them. */
+  if (dead || bloated || !rings_intact(ch, sc)) sconn_destroy(ch, sc);
   uint64_t o = CXR__LDX(&s->owner);
   CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));
   CXR__ADD(&ch->cb->recycled, 1);

@@ -502,6 +502,54 @@ TEST_F(Call, TheControlBlocksGeometryIsCheckedOnceAndNotReadAgain) {
   cxr_heap_close(ctl);
 }
 
+TEST_F(Call, AClientThatFreesItsRingsLeavesTheNextClientAFreshHeap) {
+  // Any holder of a connection heap can free any block in it, the one the rings live in
+  // included, and then close cleanly. The server used to put such a heap back in the pool
+  // as it was: the next client of the slot got its argument blocks on top of its own rings
+  // and its calls failed. A channel of one slot makes the next client get that slot.
+  std::string n1 = uniq("recycle");
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  o.conn_heap_size = 8u << 20;
+  o.max_conns = 1;
+  o.pool = 1;
+  cxr_channel *ch1 = nullptr;
+  ASSERT_EQ(cxr_channel_open(&ch1, n1.c_str(), &o), 0);
+  ASSERT_EQ(register_methods(ch1), 0);
+  ASSERT_EQ(cxr_channel_start(ch1), 0);
+  cxr_conn *a = nullptr;
+  ASSERT_EQ(cxr_connect(&a, n1.c_str(), nullptr), 0);
+  cxr_heap *ha = cxr_conn_heap(a);
+  void *rings = cxr_heap_get_root(ha);
+  ASSERT_NE(rings, nullptr);
+  cxr_heap_free(ha, rings);
+  cxr_conn_close(a);
+  cxr_conn *b = nullptr;
+  cxr_conn_opts co;
+  cxr_conn_opts_init(&co);
+  co.connect_timeout_ns = 10000000000;  // the slot comes back once the server recycled it
+  ASSERT_EQ(cxr_connect(&b, n1.c_str(), &co), 0);
+  cxr_heap *hb = cxr_conn_heap(b);
+  std::vector<char *> bufs;
+  for (int i = 0; i < 24; i++) {  // blocks of the rings' size and more, each one argument
+    char *buf = (char *)cxr_heap_alloc(hb, 16u << 10);
+    ASSERT_NE(buf, nullptr);
+    memset(buf, 0x5a + i, 16u << 10);
+    bufs.push_back(buf);
+    cxr_call_opts co2;
+    cxr_call_opts_init(&co2);
+    co2.deadline_ns = 2000000000;
+    void *res = nullptr;
+    ASSERT_EQ(cxr_conn_call(b, M_ECHO, buf, &res, &co2), 0) << i;
+    ASSERT_NE(res, nullptr);
+    EXPECT_EQ(memcmp(res, buf, 16u << 10), 0) << i;
+    cxr_heap_free(hb, res);
+  }
+  for (char *buf : bufs) cxr_heap_free(hb, buf);
+  cxr_conn_close(b);
+  cxr_channel_close(ch1);
+}
+
 TEST_F(Call, AChildCannotStopOrCloseTheChannelItInherited) {
   // The parent serves on background threads; a child that inherits the channel has none of
   // them. Its close must neither stop the parent's service for every client nor wait for
