@@ -12,13 +12,26 @@
  *
  * Node states: 1 waiting, 0 granted (the cohort keeps the lock), 2 granted but must compete
  * (budget spent), 3 abandoned by a waiter whose deadline passed (the releaser passes over
- * it), 4 passed over (its owner may use the node again).
+ * it), 4 passed over or released (its owner may use the node again).
+ *
+ * A pod process that dies (SIGKILL) holding the lock or waiting for it would leave the
+ * local queue stuck. Pod nodes therefore record their owner (pid, start time, host) and
+ * their predecessor, a granted pod node says so in its state (a head that found the queue
+ * empty stores "compete"), and a released one goes back to "passed". A pod waiter that has
+ * waited a while walks back from its predecessor over dead owners' nodes (recover): a dead
+ * waiter's node is marked abandoned, so its releaser passes over it as over one that timed
+ * out; a dead head's node is claimed (a CAS to "passed", so one recoverer wins) and the
+ * waiter takes its place as the head and competes. A process that reuses the slot of a
+ * dead instance releases what that instance held first (recover_slot). Remote hosts are
+ * not checked: their nodes cannot be (and the remote cohort waits for a pod process to come
+ * by when a dead pod head has no successor).
  */
 #include <sched.h>
 #include <stddef.h>
 #include <string.h>
 
 #include "rdma/internal.h"
+#include "shm/proc.h"
 
 enum { W_WAIT = 1, W_KEEP = 0, W_COMPETE = 2, W_ABANDONED = 3, W_PASSED = 4 };
 enum { COHORT_LOCAL = 1, COHORT_REMOTE = 2 };
@@ -167,7 +180,7 @@ static void backoff(cxr_alock_ref *r, unsigned i) {
 
 /* Hands over from node `slot`: to the successor with the cohort kept (budget left) or with
  * the duty to compete; passes over successors that abandoned; or empties the queue. */
-static int release_from(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
+static int hand_over(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
   unsigned cur = slot;
   bool own = true;
   for (;;) {
@@ -206,11 +219,123 @@ static int release_from(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
   }
 }
 
+/* hand_over, then (a pod node) out of the queue: its state says so, so that nobody takes it
+ * for a dead head. */
+static int release_from(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
+  int rc = hand_over(r, slot, budget_left);
+  if (rc == 0 && !is_remote(r)) ST(&r->local->lnodes[slot].locked, (uint64_t)W_PASSED);
+  return rc;
+}
+
 int cxr_alock_unlock(cxr_alock_ref *r) {
   if (r == NULL || r->slot >= CXR_ALOCK_SLOTS || (r->local == NULL && (r->ep == NULL || r->rk == NULL)))
     return CXR_EINVAL;
   if (is_remote(r) && r->budget_left == REF_SPENT) return CXR_ENOTCONN;
   return release_from(r, r->slot, r->budget_left);
+}
+
+/* ---- pod nodes of dead processes ---- */
+
+/* A waiter looks for dead owners ahead of it after this long, and again each time after:
+ * a look reads /proc once per node it walks past. */
+#define RECOVER_EVERY_NS 5000000
+
+/* This process's identity, read once (and again in a child made by fork(2)). NULL when
+ * /proc cannot say: such a process's nodes are never taken for dead. */
+static pthread_mutex_t self_mu = PTHREAD_MUTEX_INITIALIZER;
+static int self_known; /* atomic */
+static cxr__proc_id self_id;
+
+static void forget_self(void) { __atomic_store_n(&self_known, 0, __ATOMIC_RELEASE); }
+static void watch_fork(void) { pthread_atfork(NULL, NULL, forget_self); }
+
+static const cxr__proc_id *self(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, watch_fork);
+  if (__atomic_load_n(&self_known, __ATOMIC_ACQUIRE)) return &self_id;
+  pthread_mutex_lock(&self_mu);
+  if (!__atomic_load_n(&self_known, __ATOMIC_RELAXED) && cxr__proc_self_id(&self_id) == 0)
+    __atomic_store_n(&self_known, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&self_mu);
+  return __atomic_load_n(&self_known, __ATOMIC_ACQUIRE) ? &self_id : NULL;
+}
+
+/* The node's owner has exited (a zombie counts). Unknown owners, and owners on other hosts
+ * of the pod (which /proc here cannot see), count as alive. */
+static bool owner_dead(const cxr_alock_node *x) {
+  cxr__proc_id id = {.pid = (int32_t)LD(&x->owner_pid),
+                     .start_time = LD(&x->owner_start),
+                     .host = LD(&x->owner_host)};
+  return id.pid > 0 && !cxr__proc_alive(&id);
+}
+
+static bool is_granted(uint64_t st) { return st == W_KEEP || st == W_COMPETE; }
+
+/* Walks back from `pred`, the pod node ahead of ours (`me`) in the queue, over nodes whose
+ * owners died: a dead waiter's node is marked abandoned (whoever hands the lock over passes
+ * over it); a dead head's node is claimed (one CAS to passed: one recoverer wins) and ours
+ * becomes the head, which competes. Stops at a live owner's node (it will hand over) or where
+ * the way back is not known. True when our node was granted. The links walked are stable
+ * while we wait: a node ahead of us cannot be passed over, or re-enqueued, without the lock
+ * reaching us first. */
+static bool recover(cxr_alock *l, unsigned me, unsigned pred) {
+  unsigned path[CXR_ALOCK_SLOTS], n = 0, cur = pred;
+  while (n < CXR_ALOCK_SLOTS && cur != me) {
+    cxr_alock_node *x = &l->lnodes[cur];
+    if (!owner_dead(x)) return false;
+    path[n++] = cur;
+    uint64_t st = LD(&x->locked);
+    if (is_granted(st)) {
+      if (!__atomic_compare_exchange_n(&x->locked, &st, W_PASSED, false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE))
+        return false;
+      uint64_t w = W_WAIT; /* (a grant that came meanwhile stays as it is) */
+      __atomic_compare_exchange_n(&l->lnodes[me].locked, &w, W_COMPETE, false, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE);
+      for (unsigned k = 0; k + 1 < n; k++) /* the dead waiters between: out of the queue */
+        ST(&l->lnodes[path[k]].locked, (uint64_t)W_PASSED);
+      return true;
+    }
+    if (st == W_WAIT) {
+      __atomic_compare_exchange_n(&x->locked, &st, W_ABANDONED, false, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE);
+    }
+    uint64_t p = LD(&x->prev);
+    if (p == 0 || p > CXR_ALOCK_SLOTS) return false;
+    cur = (unsigned)p - 1;
+  }
+  return false;
+}
+
+/* Our own process (no /proc read: this runs on every pod lock). */
+static bool owned_here(const cxr_alock_node *x) {
+  const cxr__proc_id *me = self();
+  return me != NULL && LD(&x->owner_pid) == (uint64_t)(uint32_t)me->pid &&
+         LD(&x->owner_start) == me->start_time && LD(&x->owner_host) == me->host;
+}
+
+/* Our slot's node was last used by a process that died: release the head position it held,
+ * or mark its wait abandoned (the loop in cxr_alock_lock then waits until it is passed over),
+ * before the node is used again. */
+static int recover_slot(cxr_alock_ref *r) {
+  cxr_alock_node *x = &r->local->lnodes[r->slot];
+  if (owned_here(x) || !owner_dead(x)) return 0;
+  uint64_t st = LD(&x->locked);
+  if (is_granted(st) && __atomic_compare_exchange_n(&x->locked, &st, W_PASSED, false,
+                                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return hand_over(r, r->slot, 0);
+  if (st == W_WAIT)
+    __atomic_compare_exchange_n(&x->locked, &st, W_ABANDONED, false, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+  return 0;
+}
+
+/* A pod node's owner is this process from now on. */
+static void claim_slot(cxr_alock_node *x) {
+  const cxr__proc_id *me = self();
+  ST(&x->owner_pid, me ? (uint64_t)(uint32_t)me->pid : 0);
+  ST(&x->owner_start, me ? me->start_time : 0);
+  ST(&x->owner_host, me ? me->host : 0);
 }
 
 /* ---- acquire ---- */
@@ -223,6 +348,7 @@ int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
   unsigned me = r->slot;
   uint64_t cohort = is_remote(r) ? COHORT_REMOTE : COHORT_LOCAL, st = 0, pred = 0, old = 0;
   int rc;
+  if (!is_remote(r) && (rc = recover_slot(r)) != 0) return rc;
   /* Our node may still sit in the queue from an attempt we abandoned: wait until the
    * releaser has passed over it. */
   for (unsigned i = 0;; i++) {
@@ -231,17 +357,33 @@ int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
     if (cxr_now_ns() > deadline) return CXR_ETIMEDOUT;
     backoff(r, i);
   }
+  cxr_alock_node *mine = is_remote(r) ? NULL : &r->local->lnodes[me];
+  if (mine) {
+    if (!owned_here(mine)) claim_slot(mine);
+    ST(&mine->prev, (uint64_t)0); /* not known until we are queued */
+  }
   if ((rc = node_put(r, me, offsetof(cxr_alock_node, next), 0)) != 0) return rc;
   if ((rc = node_put(r, me, offsetof(cxr_alock_node, locked), W_WAIT)) != 0) return rc;
   if ((rc = tail_swap(r, me + 1, &pred)) != 0) return rc;
   if (pred > CXR_ALOCK_SLOTS) return CXR_ECORRUPT;
   st = W_COMPETE;
+  if (mine && pred == 0) ST(&mine->locked, (uint64_t)W_COMPETE); /* the head: say so */
   if (pred != 0) {
+    if (mine) ST(&mine->prev, pred);
     if ((rc = node_put(r, (unsigned)pred - 1, offsetof(cxr_alock_node, next), me + 1)) != 0)
       return rc;
+    int64_t look = 0;
     for (unsigned i = 0;; i++) {
       if ((rc = node_get(r, me, offsetof(cxr_alock_node, locked), &st)) != 0) return rc;
       if (st != W_WAIT) break;
+      if (mine && i >= 1000) { /* waited a while: a dead process ahead of us? */
+        int64_t now = cxr_now_ns();
+        if (look == 0) look = now + RECOVER_EVERY_NS;
+        if (now >= look) {
+          look = now + RECOVER_EVERY_NS;
+          if (recover(r->local, me, (unsigned)pred - 1)) continue; /* re-read our state */
+        }
+      }
       if (cxr_now_ns() > deadline) {
         /* Leave the queue: the releaser will pass over us. */
         if ((rc = node_cas(r, me, offsetof(cxr_alock_node, locked), W_WAIT, W_ABANDONED, &old)) != 0)

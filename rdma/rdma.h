@@ -196,7 +196,12 @@ typedef struct cxr_alock_node {
   uint64_t next;    /* successor's slot + 1, 0 = none */
   uint64_t locked;  /* 1 wait, 0 yours (cohort kept), 2 yours to compete, 3 abandoned, 4 passed */
   uint64_t budget;  /* in-cohort handoffs left when it was passed */
-  uint64_t pad[5];
+  /* Pod nodes only: who uses the slot (pid, start time, host), and the predecessor's slot
+   * + 1 at its last enqueue (0: none yet known), so that a waiter can tell a dead process's
+   * node ahead of it and recover the lock (cxr_alock_lock(3)). */
+  uint64_t owner_pid, owner_start, owner_host;
+  uint64_t prev;
+  uint64_t pad[1];
 } cxr_alock_node;
 
 typedef struct cxr_alock {

@@ -1,13 +1,16 @@
-// ALock inside one process (the pod cohort only): mutual exclusion between threads, the
-// in-cohort budget, and waiters whose deadline passes leaving the queue cleanly (the
-// releaser passes over them and the lock keeps working). And one remote participant (a real
+// ALock in the pod cohort: mutual exclusion between threads, the in-cohort budget, waiters
+// whose deadline passes leaving the queue cleanly (the releaser passes over them and the lock
+// keeps working), and child processes killed while holding the lock or waiting for it. And one remote participant (a real
 // rdma_peer process holding the lock over UCX on TCP) whose step times out.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -85,6 +88,141 @@ TEST(Alock, AWaiterWhoseDeadlinePassesLeavesTheQueue) {
   ASSERT_EQ(cxr_alock_unlock(&b), 0);
   EXPECT_EQ(l->ltail, 0u);
   free(l);
+}
+
+// ---- pod processes that die ----
+
+// A lock in memory shared with child processes (as pod processes share a heap).
+cxr_alock *shared_lock() {
+  void *p = mmap(nullptr, sizeof(cxr_alock), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                 -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  cxr_alock_init((cxr_alock *)p, 0);
+  return (cxr_alock *)p;
+}
+
+// A child process that takes the lock through `slot` and then waits to be killed; the
+// parent may first wait until it holds the lock (held = true) or until it is queued (the
+// tail names its slot). Returns its pid (-1 on failure).
+pid_t child_locking(cxr_alock *l, unsigned slot, bool held) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    cxr_alock_ref r = {};
+    r.local = l;
+    r.slot = slot;
+    int rc = cxr_alock_lock(&r, cxr_now_ns() + 60000 * kMs);
+    char c = rc == 0 ? 'h' : 'e';
+    if (write(fds[1], &c, 1) != 1) _exit(2);
+    for (;;) pause();
+  }
+  close(fds[1]);
+  bool ok = pid > 0;
+  if (ok && held) {
+    char c = 0;
+    ok = read(fds[0], &c, 1) == 1 && c == 'h';
+  } else if (ok) {
+    ok = tail_becomes(l, slot + 1);
+  }
+  close(fds[0]);
+  if (!ok && pid > 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
+}
+
+void kill_child(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+// A child takes the lock through `slot` and is killed holding it.
+bool dies_holding(cxr_alock *l, unsigned slot) {
+  pid_t a = child_locking(l, slot, true);
+  if (a <= 0) return false;
+  kill_child(a);
+  return true;
+}
+
+// Takes and gives back the lock through `slot` (deadline 20 s): 0, or what failed.
+int lock_unlock(cxr_alock *l, unsigned slot) {
+  cxr_alock_ref r = {};
+  r.local = l;
+  r.slot = slot;
+  int rc = cxr_alock_lock(&r, cxr_now_ns() + 20000 * kMs);
+  return rc ? rc : cxr_alock_unlock(&r);
+}
+
+TEST(Alock, APodProcessThatDiesHoldingTheLockIsRecoveredByTheNextWaiter) {
+  // SIGKILL while holding the lock used to leave it held for good: every later attempt
+  // ended with CXR_ETIMEDOUT. The next pod waiter finds the dead head and takes its place.
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  ASSERT_TRUE(dies_holding(l, 1));
+  EXPECT_EQ(lock_unlock(l, 0), 0);
+  EXPECT_EQ(lock_unlock(l, 0), 0);  // and again: nothing is left behind
+  EXPECT_EQ(l->ltail, 0u);
+  munmap(l, sizeof *l);
+}
+
+TEST(Alock, APodProcessThatDiesWaitingIsPassedOver) {
+  // The holder lives; a process queued behind it dies; a third waits behind that one. When
+  // the holder unlocks, the lock reaches the third (it used to be handed to the dead one).
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  cxr_alock_ref h = {};
+  h.local = l;
+  h.slot = 0;
+  ASSERT_EQ(cxr_alock_lock(&h, 0), 0);
+  pid_t b = child_locking(l, 1, false);
+  ASSERT_GT(b, 0);
+  kill_child(b);
+  std::atomic<int> c_rc{1};
+  std::thread tc([&] { c_rc = lock_unlock(l, 2); });
+  ASSERT_TRUE(tail_becomes(l, 3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(cxr_alock_unlock(&h), 0);
+  tc.join();
+  EXPECT_EQ(c_rc.load(), 0);
+  EXPECT_EQ(lock_unlock(l, 1), 0);  // the dead one's slot can be used again
+  EXPECT_EQ(l->ltail, 0u);
+  munmap(l, sizeof *l);
+}
+
+TEST(Alock, ADeadHolderAndADeadWaiterBehindItAreBothRecovered) {
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  pid_t a = child_locking(l, 1, true);
+  ASSERT_GT(a, 0);
+  pid_t b = child_locking(l, 2, false);
+  ASSERT_GT(b, 0);
+  kill_child(b);
+  kill_child(a);
+  EXPECT_EQ(lock_unlock(l, 3), 0);
+  EXPECT_EQ(lock_unlock(l, 1), 0);
+  EXPECT_EQ(lock_unlock(l, 2), 0);
+  EXPECT_EQ(l->ltail, 0u);
+  munmap(l, sizeof *l);
+}
+
+TEST(Alock, AProcessReusingADeadOnesSlotReleasesWhatItHeld) {
+  // A restarted process takes the slot its dead predecessor held the lock through: it
+  // releases that first (it used to queue behind its own node and wait for itself).
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  ASSERT_TRUE(dies_holding(l, 1));
+  pid_t again = fork();
+  if (again == 0) _exit(lock_unlock(l, 1) == 0 ? 0 : 1);
+  int st = 0;
+  ASSERT_EQ(waitpid(again, &st, 0), again);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_EQ(lock_unlock(l, 0), 0);
+  EXPECT_EQ(l->ltail, 0u);
+  munmap(l, sizeof *l);
 }
 
 TEST(Alock, BadArguments) {
