@@ -17,7 +17,6 @@ typedef struct rres {
   uint64_t *blocks;
 } rres;
 
-
 typedef struct rsconn {
   struct rsconn *next;
   cxr_rdma_ep *ep;   /* the accepted endpoint it came through (NULL: a pooled one) */

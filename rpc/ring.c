@@ -105,28 +105,39 @@ void cxr__ring_init(cxr__rview *v) {
   CXR__ST(&v->head_seen, 0);
 }
 
-int cxr__ring_push(cxr__rview *v, const cxr__desc *in) {
+/* Whether position pos has a free slot. The consumers' head as last seen (in the private
+ * view) says so, or, when it says the ring may be full, the head read again (acquire: their
+ * copies of the slot we are about to reuse are complete), which is then remembered: so the
+ * shared head is read once per lap, not per push. */
+static inline bool room_at(cxr__rview *v, uint64_t pos) {
   const uint64_t size = (uint64_t)v->mask + 1;
+  if (pos - CXR__LD(&v->head_seen) < size) return true;
+  uint64_t head = CXR__LD(&v->r->head);
+  if (pos - head >= size) return false;
+  CXR__ST(&v->head_seen, head);
+  return true;
+}
+
+/* Fills this ring's half of position pos's slot, then publishes it. */
+static inline void publish(cxr__rview *v, uint64_t pos, const cxr__desc *in) {
+  put(v, slot_at(v, pos), in);
+  CXR__ST(seq_at(v, pos), (uint32_t)(pos + 1));
+}
+
+int cxr__ring_push(cxr__rview *v, const cxr__desc *in) {
   uint64_t pos = CXR__LDX(&v->r->tail);
   for (int i = 0; i < RETRIES; i++) {
-    if (pos - CXR__LD(&v->head_seen) >= size) {
-      /* Looks full (or the tail moved on since): ask the consumers. Acquire: their copies
-       * of the slot we are about to reuse are complete. */
-      uint64_t head = CXR__LD(&v->r->head);
-      if (pos - head >= size) {
-        uint64_t now = CXR__LDX(&v->r->tail);
-        if (now == pos) return CXR_EFULL;
-        pos = now;
-        continue;
-      }
-      CXR__ST(&v->head_seen, head);
+    if (!room_at(v, pos)) { /* full, unless the tail moved on since */
+      uint64_t now = CXR__LDX(&v->r->tail);
+      if (now == pos) return CXR_EFULL;
+      pos = now;
+      continue;
     }
     /* seq_cst: sleepers check the tail after announcing themselves (cxr__ring_busy), so
      * the producer may look at their count with a plain load afterwards. */
     if (__atomic_compare_exchange_n(&v->r->tail, &pos, pos + 1, false, __ATOMIC_SEQ_CST,
                                     __ATOMIC_RELAXED)) {
-      put(v, slot_at(v, pos), in);
-      CXR__ST(seq_at(v, pos), (uint32_t)(pos + 1));
+      publish(v, pos, in);
       return 0;
     }
   }
@@ -134,15 +145,9 @@ int cxr__ring_push(cxr__rview *v, const cxr__desc *in) {
 }
 
 int cxr__ring_push_single(cxr__rview *v, const cxr__desc *in) {
-  const uint64_t size = (uint64_t)v->mask + 1;
   uint64_t pos = CXR__LDX(&v->r->tail);
-  if (pos - CXR__LDX(&v->head_seen) >= size) {
-    uint64_t head = CXR__LD(&v->r->head); /* acquire: as in cxr__ring_push */
-    if (pos - head >= size) return CXR_EFULL;
-    CXR__STX(&v->head_seen, head);
-  }
-  put(v, slot_at(v, pos), in);
-  CXR__ST(seq_at(v, pos), (uint32_t)(pos + 1));
+  if (!room_at(v, pos)) return CXR_EFULL;
+  publish(v, pos, in);
   /* After the slot: nothing reads the tail on the way to the answer; sleepers compare it
    * with the head after announcing themselves, and the caller's cxr__bell_ring then orders
    * this store before its look at their count. */
