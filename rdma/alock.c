@@ -223,7 +223,7 @@ static int hand_over(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
  * for a dead head. */
 static int release_from(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
   int rc = hand_over(r, slot, budget_left);
-  if (rc == 0 && !is_remote(r)) ST(&r->local->lnodes[slot].locked, (uint64_t)W_PASSED);
+  if (rc == 0 && !is_remote(r)) rc = node_put(r, slot, offsetof(cxr_alock_node, locked), W_PASSED);
   return rc;
 }
 
@@ -260,58 +260,65 @@ static const cxr__proc_id *self(void) {
   return __atomic_load_n(&self_known, __ATOMIC_ACQUIRE) ? &self_id : NULL;
 }
 
+/* Who owns a pod node (zeros: nobody known). */
+static cxr__proc_id owner_of(const cxr_alock_node *x) {
+  return (cxr__proc_id){.pid = (int32_t)LD(&x->owner_pid),
+                        .start_time = LD(&x->owner_start),
+                        .host = LD(&x->owner_host)};
+}
+
 /* The node's owner has exited (a zombie counts). Unknown owners, and owners on other hosts
  * of the pod (which /proc here cannot see), count as alive. */
 static bool owner_dead(const cxr_alock_node *x) {
-  cxr__proc_id id = {.pid = (int32_t)LD(&x->owner_pid),
-                     .start_time = LD(&x->owner_start),
-                     .host = LD(&x->owner_host)};
+  cxr__proc_id id = owner_of(x);
   return id.pid > 0 && !cxr__proc_alive(&id);
-}
-
-static bool is_granted(uint64_t st) { return st == W_KEEP || st == W_COMPETE; }
-
-/* Walks back from `pred`, the pod node ahead of ours (`me`) in the queue, over nodes whose
- * owners died: a dead waiter's node is marked abandoned (whoever hands the lock over passes
- * over it); a dead head's node is claimed (one CAS to passed: one recoverer wins) and ours
- * becomes the head, which competes. Stops at a live owner's node (it will hand over) or where
- * the way back is not known. True when our node was granted. The links walked are stable
- * while we wait: a node ahead of us cannot be passed over, or re-enqueued, without the lock
- * reaching us first. */
-static bool recover(cxr_alock *l, unsigned me, unsigned pred) {
-  unsigned path[CXR_ALOCK_SLOTS], n = 0, cur = pred;
-  while (n < CXR_ALOCK_SLOTS && cur != me) {
-    cxr_alock_node *x = &l->lnodes[cur];
-    if (!owner_dead(x)) return false;
-    path[n++] = cur;
-    uint64_t st = LD(&x->locked);
-    if (is_granted(st)) {
-      if (!__atomic_compare_exchange_n(&x->locked, &st, W_PASSED, false, __ATOMIC_ACQ_REL,
-                                       __ATOMIC_ACQUIRE))
-        return false;
-      uint64_t w = W_WAIT; /* (a grant that came meanwhile stays as it is) */
-      __atomic_compare_exchange_n(&l->lnodes[me].locked, &w, W_COMPETE, false, __ATOMIC_ACQ_REL,
-                                  __ATOMIC_ACQUIRE);
-      for (unsigned k = 0; k + 1 < n; k++) /* the dead waiters between: out of the queue */
-        ST(&l->lnodes[path[k]].locked, (uint64_t)W_PASSED);
-      return true;
-    }
-    if (st == W_WAIT) {
-      __atomic_compare_exchange_n(&x->locked, &st, W_ABANDONED, false, __ATOMIC_ACQ_REL,
-                                  __ATOMIC_ACQUIRE);
-    }
-    uint64_t p = LD(&x->prev);
-    if (p == 0 || p > CXR_ALOCK_SLOTS) return false;
-    cur = (unsigned)p - 1;
-  }
-  return false;
 }
 
 /* Our own process (no /proc read: this runs on every pod lock). */
 static bool owned_here(const cxr_alock_node *x) {
   const cxr__proc_id *me = self();
-  return me != NULL && LD(&x->owner_pid) == (uint64_t)(uint32_t)me->pid &&
-         LD(&x->owner_start) == me->start_time && LD(&x->owner_host) == me->host;
+  cxr__proc_id id = owner_of(x);
+  return me != NULL && id.pid == me->pid && id.start_time == me->start_time &&
+         id.host == me->host;
+}
+
+static bool is_granted(uint64_t st) { return st == W_KEEP || st == W_COMPETE; }
+
+/* A pod node's state from `from` to `to` (the node words' own CAS: node_cas); true if it
+ * was `from`. Pod steps cannot fail. */
+static bool state_cas(cxr_alock_ref *r, unsigned slot, uint64_t from, uint64_t to) {
+  uint64_t old = 0;
+  node_cas(r, slot, offsetof(cxr_alock_node, locked), from, to, &old);
+  return old == from;
+}
+
+/* Walks back from `pred`, the pod node ahead of ours (r->slot) in the queue, over nodes
+ * whose owners died: a dead waiter's node is marked abandoned (whoever hands the lock over
+ * passes over it); a dead head's node is claimed (one CAS to passed: one recoverer wins) and
+ * ours becomes the head, which competes. Stops at a live owner's node (it will hand over) or
+ * where the way back is not known. True when our node was granted. The links walked are
+ * stable while we wait: a node ahead of us cannot be passed over, or re-enqueued, without
+ * the lock reaching us first. */
+static bool recover(cxr_alock_ref *r, unsigned pred) {
+  unsigned path[CXR_ALOCK_SLOTS], n = 0, cur = pred;
+  uint64_t st = 0, p = 0;
+  while (n < CXR_ALOCK_SLOTS && cur != r->slot) {
+    if (!owner_dead(&r->local->lnodes[cur])) return false;
+    path[n++] = cur;
+    node_get(r, cur, offsetof(cxr_alock_node, locked), &st);
+    if (is_granted(st)) {
+      if (!state_cas(r, cur, st, W_PASSED)) return false;
+      state_cas(r, r->slot, W_WAIT, W_COMPETE); /* (a grant that came meanwhile stays) */
+      for (unsigned k = 0; k + 1 < n; k++) /* the dead waiters between: out of the queue */
+        node_put(r, path[k], offsetof(cxr_alock_node, locked), W_PASSED);
+      return true;
+    }
+    if (st == W_WAIT) state_cas(r, cur, W_WAIT, W_ABANDONED);
+    node_get(r, cur, offsetof(cxr_alock_node, prev), &p);
+    if (p == 0 || p > CXR_ALOCK_SLOTS) return false;
+    cur = (unsigned)p - 1;
+  }
+  return false;
 }
 
 /* Our slot's node was last used by a process that died: release the head position it held,
@@ -320,13 +327,10 @@ static bool owned_here(const cxr_alock_node *x) {
 static int recover_slot(cxr_alock_ref *r) {
   cxr_alock_node *x = &r->local->lnodes[r->slot];
   if (owned_here(x) || !owner_dead(x)) return 0;
-  uint64_t st = LD(&x->locked);
-  if (is_granted(st) && __atomic_compare_exchange_n(&x->locked, &st, W_PASSED, false,
-                                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-    return hand_over(r, r->slot, 0);
-  if (st == W_WAIT)
-    __atomic_compare_exchange_n(&x->locked, &st, W_ABANDONED, false, __ATOMIC_ACQ_REL,
-                                __ATOMIC_ACQUIRE);
+  uint64_t st = 0;
+  node_get(r, r->slot, offsetof(cxr_alock_node, locked), &st);
+  if (is_granted(st) && state_cas(r, r->slot, st, W_PASSED)) return hand_over(r, r->slot, 0);
+  if (st == W_WAIT) state_cas(r, r->slot, W_WAIT, W_ABANDONED);
   return 0;
 }
 
@@ -360,16 +364,16 @@ int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
   cxr_alock_node *mine = is_remote(r) ? NULL : &r->local->lnodes[me];
   if (mine) {
     if (!owned_here(mine)) claim_slot(mine);
-    ST(&mine->prev, (uint64_t)0); /* not known until we are queued */
+    node_put(r, me, offsetof(cxr_alock_node, prev), 0); /* not known until we are queued */
   }
   if ((rc = node_put(r, me, offsetof(cxr_alock_node, next), 0)) != 0) return rc;
   if ((rc = node_put(r, me, offsetof(cxr_alock_node, locked), W_WAIT)) != 0) return rc;
   if ((rc = tail_swap(r, me + 1, &pred)) != 0) return rc;
   if (pred > CXR_ALOCK_SLOTS) return CXR_ECORRUPT;
   st = W_COMPETE;
-  if (mine && pred == 0) ST(&mine->locked, (uint64_t)W_COMPETE); /* the head: say so */
+  if (mine && pred == 0) node_put(r, me, offsetof(cxr_alock_node, locked), W_COMPETE); /* head */
   if (pred != 0) {
-    if (mine) ST(&mine->prev, pred);
+    if (mine) node_put(r, me, offsetof(cxr_alock_node, prev), pred);
     if ((rc = node_put(r, (unsigned)pred - 1, offsetof(cxr_alock_node, next), me + 1)) != 0)
       return rc;
     int64_t look = 0;
@@ -381,7 +385,7 @@ int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
         if (look == 0) look = now + RECOVER_EVERY_NS;
         if (now >= look) {
           look = now + RECOVER_EVERY_NS;
-          if (recover(r->local, me, (unsigned)pred - 1)) continue; /* re-read our state */
+          if (recover(r, (unsigned)pred - 1)) continue; /* re-read our state */
         }
       }
       if (cxr_now_ns() > deadline) {
