@@ -16,6 +16,23 @@ using namespace rpctest;
 
 namespace {
 
+// A started channel serving the test methods, with max_conns slots of which pool are kept
+// ready, each connection heap heap_size bytes; nullptr (and a failure) if it cannot be.
+cxr_channel *serving(const std::string &name, size_t heap_size, unsigned max_conns,
+                     unsigned pool) {
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  o.conn_heap_size = heap_size;
+  o.max_conns = max_conns;
+  o.pool = pool;
+  cxr_channel *ch = nullptr;
+  EXPECT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
+  if (ch == nullptr) return nullptr;
+  EXPECT_EQ(register_methods(ch), 0);
+  EXPECT_EQ(cxr_channel_start(ch), 0);
+  return ch;
+}
+
 class Call : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { setup_root("rpc-call"); }
@@ -508,15 +525,8 @@ TEST_F(Call, AClientThatFreesItsRingsLeavesTheNextClientAFreshHeap) {
   // as it was: the next client of the slot got its argument blocks on top of its own rings
   // and its calls failed. A channel of one slot makes the next client get that slot.
   std::string n1 = uniq("recycle");
-  cxr_channel_opts o;
-  cxr_channel_opts_init(&o);
-  o.conn_heap_size = 8u << 20;
-  o.max_conns = 1;
-  o.pool = 1;
-  cxr_channel *ch1 = nullptr;
-  ASSERT_EQ(cxr_channel_open(&ch1, n1.c_str(), &o), 0);
-  ASSERT_EQ(register_methods(ch1), 0);
-  ASSERT_EQ(cxr_channel_start(ch1), 0);
+  cxr_channel *ch1 = serving(n1, 8u << 20, 1, 1);
+  ASSERT_NE(ch1, nullptr);
   cxr_conn *a = nullptr;
   ASSERT_EQ(cxr_connect(&a, n1.c_str(), nullptr), 0);
   cxr_heap *ha = cxr_conn_heap(a);
@@ -657,15 +667,8 @@ TEST_F(Call, PermissionsDecideWhoConnects) {
 
 TEST(CallLimits, FullChannelAndRestartedServing) {
   std::string name = uniq("lim");
-  cxr_channel_opts o;
-  cxr_channel_opts_init(&o);
-  o.conn_heap_size = 4u << 20;
-  o.max_conns = 2;
-  o.pool = 2;
-  cxr_channel *ch;
-  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
-  ASSERT_EQ(register_methods(ch), 0);
-  ASSERT_EQ(cxr_channel_start(ch), 0);
+  cxr_channel *ch = serving(name, 4u << 20, 2, 2);
+  ASSERT_NE(ch, nullptr);
   cxr_conn *a, *b, *x;
   ASSERT_EQ(cxr_connect(&a, name.c_str(), nullptr), 0);
   ASSERT_EQ(cxr_connect(&b, name.c_str(), nullptr), 0);
@@ -682,6 +685,7 @@ TEST(CallLimits, FullChannelAndRestartedServing) {
   cxr_conn_close(x);
   cxr_conn_close(b);
   cxr_channel_close(ch);
+  cxr_channel_opts o;
   cxr_channel_opts_init(&o);
   o.ring_slots = 3;
   EXPECT_EQ(cxr_channel_open(&ch, name.c_str(), &o), CXR_EINVAL);
