@@ -286,6 +286,53 @@ static int graph(int64_t n, char *what, size_t wl, void **addr) {
   return rc;
 }
 
+/* Two calls that sleep 1 s, to occupy the server's two workers. Each has its own argument
+ * block: concurrent calls whose ranges overlap would land in the server's one replica of
+ * them at once. */
+typedef struct sleepers {
+  int64_t *ms[2];
+  cxr_future *f[2];
+} sleepers;
+
+/* Starts them: 0, or the first failure (sleepers_end cleans up either way). */
+static int sleepers_start(sleepers *s) {
+  cxr_call_opts so;
+  cxr_call_opts_init(&so);
+  so.deadline_ns = 10000000000;
+  so.arg_len = sizeof(int64_t);
+  int rc = 0;
+  for (int i = 0; i < 2; i++) {
+    s->f[i] = NULL;
+    s->ms[i] = cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t));
+    if (s->ms[i] == NULL && rc == 0) rc = CXR_ENOMEM;
+  }
+  for (int i = 0; rc == 0 && i < 2; i++) {
+    *s->ms[i] = 1000;
+    rc = cxr_conn_call_async(conn, M_SLEEP, s->ms[i], &s->f[i], &so);
+  }
+  return rc;
+}
+
+/* Waits for them (when rc, what went before, is 0) and frees them: rc, or their failure. */
+static int sleepers_end(sleepers *s, int rc) {
+  for (int i = 0; i < 2; i++) {
+    if (s->f[i] && rc == 0) rc = cxr_future_wait(s->f[i], 0, NULL);
+    cxr_future_free(s->f[i]);
+  }
+  for (int i = 0; i < 2; i++) cxr_heap_free(cxr_conn_heap(conn), s->ms[i]);
+  return rc;
+}
+
+/* Options of a spin call (its inline argument: how many ms to spin), deadline in ms. */
+static cxr_call_opts spin_opts(int64_t deadline_ms) {
+  cxr_call_opts po;
+  cxr_call_opts_init(&po);
+  po.deadline_ns = deadline_ms * 1000000;
+  po.flags = CXR_CALL_INLINE;
+  po.arg_len = sizeof(int64_t);
+  return po;
+}
+
 static int client(const char *t) {
   snprintf(target, sizeof target, "%s", t);
   printf("READY\n");
@@ -401,55 +448,27 @@ static int client(const char *t) {
       else printf("ok %lld %lld\n", (long long)counts[0], (long long)counts[1]);
       cxr_conn_free(conn, counts);
     } else if (sscanf(line, "queued %ld", &a) == 1) {
-      /* Each sleeping call its own argument block: concurrent calls whose ranges overlap
-       * would land in the server's one replica of them at once. */
-      int64_t *sleep_ms[2] = {cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t)),
-                              cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t))};
       int64_t spin_ms = 5000, *counts = NULL;
-      cxr_future *f[3] = {NULL, NULL, NULL};
-      cxr_call_opts so, po;
-      cxr_call_opts_init(&so);
-      so.deadline_ns = 10000000000;
-      so.arg_len = sizeof(int64_t);
-      cxr_call_opts_init(&po);
-      po.deadline_ns = a * 1000000;
-      po.flags = CXR_CALL_INLINE;
-      po.arg_len = sizeof spin_ms;
-      int rc = sleep_ms[0] && sleep_ms[1] ? 0 : CXR_ENOMEM;
-      for (int i = 0; rc == 0 && i < 2; i++) {
-        *sleep_ms[i] = 1000;
-        rc = cxr_conn_call_async(conn, M_SLEEP, sleep_ms[i], &f[i], &so);
-      }
-      if (rc == 0) rc = cxr_conn_call_async(conn, M_SPIN, &spin_ms, &f[2], &po);
-      int spun = rc == 0 ? cxr_future_wait(f[2], 0, NULL) : rc;
-      for (int i = 0; i < 2; i++)
-        if (f[i] && rc == 0) rc = cxr_future_wait(f[i], 0, NULL);
-      for (int i = 0; i < 3; i++) cxr_future_free(f[i]);
+      cxr_future *spin = NULL;
+      sleepers sl;
+      cxr_call_opts po = spin_opts(a);
+      int rc = sleepers_start(&sl);
+      if (rc == 0) rc = cxr_conn_call_async(conn, M_SPIN, &spin_ms, &spin, &po);
+      int spun = rc == 0 ? cxr_future_wait(spin, 0, NULL) : rc;
+      cxr_future_free(spin);
+      rc = sleepers_end(&sl, rc);
       usleep((useconds_t)(a + 300) * 1000); /* a spin that did run has started by now */
       if (rc == 0) rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&counts, NULL);
       if (rc) printf("err %d\n", rc);
       else printf("ok %d %lld\n", spun, counts ? (long long)counts[0] : -1LL);
       cxr_conn_free(conn, counts);
-      for (int i = 0; i < 2; i++) cxr_heap_free(cxr_conn_heap(conn), sleep_ms[i]);
     } else if (sscanf(line, "cancelmany %ld %ld", &a, &b) == 2 && a > 0 && a <= 200) {
-      int64_t *sleep_ms[2] = {cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t)),
-                              cxr_heap_alloc(cxr_conn_heap(conn), sizeof(int64_t))};
       int64_t spin_ms = b, *before = NULL, *after = NULL;
-      cxr_future *sl[2] = {NULL, NULL}, *sp[200];
-      cxr_call_opts so, po;
-      cxr_call_opts_init(&so);
-      so.deadline_ns = 10000000000;
-      so.arg_len = sizeof(int64_t);
-      cxr_call_opts_init(&po);
-      po.deadline_ns = 30000000000;
-      po.flags = CXR_CALL_INLINE;
-      po.arg_len = sizeof spin_ms;
-      int rc = sleep_ms[0] && sleep_ms[1] ? 0 : CXR_ENOMEM;
-      if (rc == 0) rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&before, NULL);
-      for (int i = 0; rc == 0 && i < 2; i++) {
-        *sleep_ms[i] = 1000;
-        rc = cxr_conn_call_async(conn, M_SLEEP, sleep_ms[i], &sl[i], &so);
-      }
+      cxr_future *sp[200];
+      sleepers sl = {{NULL, NULL}, {NULL, NULL}};
+      cxr_call_opts po = spin_opts(30000);
+      int rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&before, NULL);
+      if (rc == 0) rc = sleepers_start(&sl);
       int n = 0;
       for (; rc == 0 && n < a; n++)
         if ((rc = cxr_conn_call_async(conn, M_SPIN, &spin_ms, &sp[n], &po)) != 0) break;
@@ -457,10 +476,7 @@ static int client(const char *t) {
         cxr_future_cancel(sp[i]);
         cxr_future_free(sp[i]);
       }
-      for (int i = 0; i < 2; i++) {
-        if (sl[i] && rc == 0) rc = cxr_future_wait(sl[i], 0, NULL);
-        cxr_future_free(sl[i]);
-      }
+      rc = sleepers_end(&sl, rc);
       usleep((useconds_t)(a * b / 2 + 500) * 1000); /* what did run has started by now */
       if (rc == 0) rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&after, NULL);
       if (rc) printf("err %d\n", rc);
@@ -468,7 +484,6 @@ static int client(const char *t) {
       else printf("ok %lld\n", (long long)(after[0] - before[0]));
       cxr_conn_free(conn, before);
       cxr_conn_free(conn, after);
-      for (int i = 0; i < 2; i++) cxr_heap_free(cxr_conn_heap(conn), sleep_ms[i]);
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
       int rc = cxr_conn_call(conn, M_WHOAMI, NULL, (void **)&pid, NULL);
