@@ -13,18 +13,21 @@
 #define BATCH 16
 
 #if defined(__SANITIZE_THREAD__)
-/* A result block goes to the client process, which frees it; the allocator may hand it to
- * another of our threads next, or the client to itself for a later call's arguments. TSan
- * cannot see that path through another process: release the block here, and acquire the
- * arguments' address before a handler reads them (an acquire after allocation does the
- * same for results, tests/rpc/methods.h), so the old use is ordered before the new one. */
+/* Blocks a handler wrote (its result graph, or any block it allocated) go to the client
+ * process, which may free them and hand them back as a later call's arguments, read by
+ * another of our workers; the allocator may also give them to another worker's handler.
+ * TSan cannot see that path through another process: each call releases its connection
+ * (the server's record of it, a token) after its handler ran, and the next call acquires it
+ * before its handler runs, so what earlier handlers wrote in that heap is ordered before
+ * what later ones read or write there. (Per block it is not enough: a released root is not
+ * the block a later call reuses, which may be any block of the graph.) */
 void __tsan_release(void *addr);
 void __tsan_acquire(void *addr);
-#define RELEASE_TO_PEER(p) __tsan_release(p)
-#define ACQUIRE_FROM_PEER(p) __tsan_acquire(p)
+#define RELEASE_TO_PEER(sc) __tsan_release(sc)
+#define ACQUIRE_FROM_PEER(sc) __tsan_acquire(sc)
 #else
-#define RELEASE_TO_PEER(p) ((void)(p))
-#define ACQUIRE_FROM_PEER(p) ((void)(p))
+#define RELEASE_TO_PEER(sc) ((void)(sc))
+#define ACQUIRE_FROM_PEER(sc) ((void)(sc))
 #endif
 
 /* Server counters: with one worker it is their only writer (calls from other racks are
@@ -106,7 +109,6 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
       st = CXR_EBADPTR;
     } else {
       call.args = (const void *)(uintptr_t)d->ptr;
-      ACQUIRE_FROM_PEER((void *)(uintptr_t)d->ptr);
       call.arg_len = d->len;
     }
   } else if (d->len != 0) {
@@ -120,7 +122,9 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
     ctr_add(ch, &ctr->cancelled, 1);
   } else if (st == 0) {
     call.cancel = &sc->cancel[idx];
+    ACQUIRE_FROM_PEER(sc);
     st = cxr__dispatch(&call, m->fn, m->user, &result);
+    RELEASE_TO_PEER(sc);
     if (result != NULL && (!cxr_heap_contains(sc->heap, result, 1) ||
                            (uintptr_t)result >= CXR__RESULT_ADDR_LIMIT)) {
       CXR_WARN("channel %s: handler for method %u returned a pointer outside the connection heap",
@@ -134,7 +138,6 @@ static void handle(cxr_channel *ch, cxr__sconn *sc, const cxr__desc *d) {
   }
   size_t out_len = result != NULL ? cxr_heap_usable_size(sc->heap, result) : 0; /* before the
                                                           client may free it */
-  if (result != NULL) RELEASE_TO_PEER(result);
   r.status = st;
   r.ptr = (uint64_t)(uintptr_t)result;
   push_response(ch, sc, &r);

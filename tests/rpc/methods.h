@@ -12,24 +12,11 @@
 #include "tests/rpc/spin.h"
 
 /* Results are allocated by server threads and freed by the client process; a block freed
- * there and allocated again by another server thread looks like a race to TSan, which
- * cannot see synchronisation through another process. The server releases each result
- * block when it answers (rpc/serve.c, under TSan); acquiring the block's address after
- * allocating it closes the loop. (Belongs in cxr_heap_alloc under TSan.) */
-#if defined(__SANITIZE_THREAD__)
-#ifdef __cplusplus
-extern "C"
-#endif
-void __tsan_acquire(void *addr);
-#define NEW_MEMORY(p) __tsan_acquire(p)
-#else
-#define NEW_MEMORY(p) ((void)(p))
-#endif
-
+ * there and allocated again by another server thread would look like a race to TSan, which
+ * cannot see synchronisation through another process: rpc/serve.c orders each connection's
+ * handlers for it under TSan. */
 static inline void *alloc_result(cxr_call *c, size_t n) {
-  void *p = cxr_heap_alloc(cxr_call_heap(c), n);
-  if (p != NULL) NEW_MEMORY(p);
-  return p;
+  return cxr_heap_alloc(cxr_call_heap(c), n);
 }
 
 enum { M_NOOP = 1, M_ADD = 2, M_SLEEP = 3, M_FAIL = 4, M_ECHO = 5, M_PID = 6, M_SPIN = 7,
