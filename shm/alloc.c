@@ -220,7 +220,8 @@ static bool make_room(cxr_heap *h, tcache *t) {
 }
 
 static void *alloc_run(cxr_heap *h, size_t size) {
-  uint64_t n64 = (size + CXR_PAGE - 1) / CXR_PAGE;
+  /* Rounded up without size + CXR_PAGE - 1, which wraps to a few pages near SIZE_MAX. */
+  uint64_t n64 = size / CXR_PAGE + (size % CXR_PAGE != 0);
   if (size == 0) n64 = 1;
   if (n64 > h->npages) return cxr__fail_null(CXR_ENOMEM);
   uint32_t n = (uint32_t)n64;

@@ -178,12 +178,16 @@ TEST_F(Args, HeapArgs) {
   cxr_heap_stats st;
   EXPECT_EQ(cxr_heap_get_stats(h, nullptr), CXR_EINVAL);
   EXPECT_EQ(cxr_heap_stats(h, &st), 0);
+  EXPECT_NULL_WITH(cxr_heap_alloc(h, SIZE_MAX), CXR_ENOMEM);
   EXPECT_NULL_WITH(cxr_heap_alloc(h, 2 << 20), CXR_ENOMEM);  // bigger than the heap
   for (size_t align : {size_t(0), size_t(3), size_t(48), size_t(8192), SIZE_MAX}) {
     SCOPED_TRACE(align);
     EXPECT_NULL_WITH(cxr_heap_alloc_aligned(h, align, 16), CXR_EINVAL);
   }
+  EXPECT_NULL_WITH(cxr_heap_alloc_aligned(h, 64, SIZE_MAX), CXR_ENOMEM);
   EXPECT_NULL_WITH(cxr_heap_alloc_pages(h, 0), CXR_EINVAL);
+  EXPECT_NULL_WITH(cxr_heap_alloc_pages(h, SIZE_MAX), CXR_ENOMEM);
+  EXPECT_NULL_WITH(cxr_heap_alloc_pages(h, SIZE_MAX - 4095), CXR_ENOMEM);
 
   int outside;
   char *p = (char *)cxr_heap_alloc(h, 100);
@@ -191,6 +195,7 @@ TEST_F(Args, HeapArgs) {
   // realloc: pointers not of this heap, inside a block, huge sizes.
   EXPECT_NULL_WITH(cxr_heap_realloc(h, &outside, 16), CXR_EBADPTR);
   EXPECT_NULL_WITH(cxr_heap_realloc(h, p + 16, 16), CXR_EBADPTR);
+  EXPECT_NULL_WITH(cxr_heap_realloc(h, p, SIZE_MAX), CXR_ENOMEM);
   // free: pointers not of this heap, inside a block (errors logged, no crash).
   cxr__set_error(0);
   cxr_heap_free(h, &outside);
@@ -432,6 +437,7 @@ TEST_F(Args, IdlArgs) {
     EXPECT_EQ(set(h, nullptr, "a", 1), CXR_EINVAL);
     EXPECT_EQ(set(h, obj, nullptr, 1), CXR_EINVAL);
     EXPECT_EQ(set(h, obj, "a", SIZE_MAX), CXR_EINVAL);
+    EXPECT_EQ(set(h, obj, "a", SIZE_MAX - 1), CXR_ENOMEM);
     EXPECT_EQ(set(h, obj, nullptr, 0), 0);
     EXPECT_EQ(obj->len, 0u);
   };
