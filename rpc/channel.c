@@ -388,8 +388,9 @@ static int remove_stale(const char *ctl_name) {
 }
 
 int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts *opts) {
-  if (out == NULL || name == NULL) return CXR_EINVAL;
+  if (out == NULL) return CXR_EINVAL;
   *out = NULL;
+  if (name == NULL) return CXR_EINVAL;
   if (!valid_name(name)) return strlen(name) > CXR__CHAN_NAME_MAX ? CXR_ENAMETOOLONG : CXR_EINVAL;
   cxr_channel_opts o;
   if (opts) o = *opts; else cxr_channel_opts_init(&o);

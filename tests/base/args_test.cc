@@ -528,6 +528,7 @@ TEST_F(Args, ChannelArgs) {
   cxr_channel_opts o;
   EXPECT_EQ(cxr_channel_open(nullptr, name.c_str(), nullptr), CXR_EINVAL);
   EXPECT_EQ(cxr_channel_open(&ch, nullptr, nullptr), CXR_EINVAL);
+  EXPECT_EQ(ch, nullptr);
   EXPECT_EQ(cxr_channel_open(&ch, "", nullptr), CXR_EINVAL);
   EXPECT_EQ(cxr_channel_open(&ch, "a b", nullptr), CXR_EINVAL);
   EXPECT_EQ(cxr_channel_open(&ch, std::string(33, 'c').c_str(), nullptr), CXR_ENAMETOOLONG);
