@@ -351,8 +351,9 @@ fail:
 }
 
 int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
-  if (out == NULL || target == NULL) return CXR_EINVAL;
+  if (out == NULL) return CXR_EINVAL;
   *out = NULL;
+  if (target == NULL) return CXR_EINVAL;
   cxr_conn_opts o;
   if (opts) o = *opts; else cxr_conn_opts_init(&o);
   if (o.default_deadline_ns == 0) o.default_deadline_ns = 5000000000;

@@ -608,6 +608,7 @@ TEST_F(Args, ChannelArgs) {
   cxr_conn_opts co;
   EXPECT_EQ(cxr_connect(nullptr, name.c_str(), nullptr), CXR_EINVAL);
   EXPECT_EQ(cxr_connect(&c, nullptr, nullptr), CXR_EINVAL);
+  EXPECT_EQ(c, nullptr);
   EXPECT_EQ(cxr_connect(&c, "", nullptr), CXR_EINVAL);
   EXPECT_EQ(cxr_connect(&c, "tcp://x:1/y", nullptr), CXR_EINVAL);
   EXPECT_EQ(cxr_connect(&c, "ucx://127.0.0.1:1", nullptr), CXR_EINVAL);
