@@ -90,8 +90,8 @@ static bool verify_peer(cxr__sconn *sc, int pid, unsigned *uid) {
 }
 
 void cxr__call_kind(cxr_call *call, bool *untrusted, bool *remote) {
-  *untrusted = call == NULL || call->ch == NULL || call->ch->o.untrusted;
-  *remote = call != NULL && call->remote != NULL;
+  if (untrusted) *untrusted = call == NULL || call->ch == NULL || call->ch->o.untrusted;
+  if (remote) *remote = call != NULL && call->remote != NULL;
 }
 
 int cxr_call_peer(cxr_call *call, cxr_peer *out) {

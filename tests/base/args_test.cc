@@ -697,6 +697,7 @@ TEST_F(Args, ChannelArgs) {
   bool untrusted = false, remote = true;
   cxr__call_kind(nullptr, &untrusted, &remote);
   EXPECT_TRUE(untrusted);  // an unknown call counts as untrusted
+  cxr__call_kind(nullptr, nullptr, nullptr);
 
   // Futures: NULL, bad timeouts, NULL callback, a callback twice.
   EXPECT_EQ(cxr_future_wait(nullptr, 0, &res), CXR_EINVAL);
