@@ -481,7 +481,12 @@ TEST_F(Args, IdlArgs) {
   EXPECT_EQ(cxr_ranges_add(&rg, &s, 0), 0);  // ignored
   EXPECT_EQ(rg.count, 0u);
   EXPECT_EQ(cxr_ranges_add(&rg, nullptr, 0), 0);
+  // p is not checked (cxr_ranges_add(3)): a call shipping such a range refuses it
+  // (cxr_conn_call checks each range against the connection heap: CXR_EBADPTR).
+  EXPECT_EQ(cxr_ranges_add(&rg, (void *)(UINTPTR_MAX - 4), 64), 0);
+  EXPECT_EQ(cxr_ranges_add(&rg, nullptr, 8), 0);
   cxr_ranges_merge(&rg);
+  EXPECT_EQ(cxr_ranges_bytes(&rg), 72u);
   cxr_ranges_free(&rg);
   cxr_heap_close(h);
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
@@ -491,6 +496,7 @@ TEST_F(Args, IdlArgs) {
 
 const uint32_t kCheck = 0xa1;  // a handler that checks the in-call functions' arguments
 const uint32_t kEcho = 0xa2;   // answers at once
+const uint32_t kPositive = 0xa3;  // returns a positive value (not a CXR_E* code)
 
 // Runs inside a real call: each in-call function with bad arguments. Returns 0 if every
 // answer was the documented one, else the line that failed (the client reports it).
@@ -515,6 +521,11 @@ int check_handler(cxr_call *call, const void *args, void **result, void *user) {
 int echo_handler(cxr_call *, const void *, void **result, void *) {
   *result = nullptr;
   return 0;
+}
+
+int positive_handler(cxr_call *, const void *, void **result, void *) {
+  *result = nullptr;
+  return 5;
 }
 
 void never_cb(int, void *, void *) {}
@@ -594,6 +605,7 @@ TEST_F(Args, ChannelArgs) {
   EXPECT_EQ(cxr_channel_on(ch, kEcho, nullptr, nullptr), CXR_EINVAL);
   ASSERT_EQ(cxr_channel_on(ch, kCheck, check_handler, nullptr), 0);
   ASSERT_EQ(cxr_channel_on(ch, kEcho, echo_handler, nullptr), 0);
+  ASSERT_EQ(cxr_channel_on(ch, kPositive, positive_handler, nullptr), 0);
   // info and n may be NULL (cxr_channel_inspect(3) names only name and conns).
   EXPECT_EQ(cxr_channel_inspect(name.c_str(), nullptr, conns, 2, &n), 0);
   EXPECT_EQ(cxr_channel_inspect(name.c_str(), &ci, conns, 2, nullptr), 0);
@@ -676,6 +688,32 @@ TEST_F(Args, ChannelArgs) {
   f = reinterpret_cast<cxr_future *>(1);
   EXPECT_EQ(cxr_conn_call_async(c, kEcho, nullptr, &f, &cal), CXR_EINVAL);
   EXPECT_EQ(f, nullptr);
+  // Inline and sealed calls with arguments that cannot be copied or sealed.
+  char *page = (char *)cxr_heap_alloc_pages(h, 4096);
+  ASSERT_NE(page, nullptr);
+  cxr_call_opts_init(&cal);
+  cal.flags = CXR_CALL_INLINE;
+  cal.arg_len = 65;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, page, &res, &cal), CXR_EINVAL);
+  cal.arg_len = SIZE_MAX;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, page, &res, &cal), CXR_EINVAL);
+  cal.flags = CXR_CALL_INLINE | CXR_CALL_SEAL;
+  cal.arg_len = 8;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, page, &res, &cal), CXR_EINVAL);
+  cal.flags = CXR_CALL_SEAL;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, page + 16, &res, &cal), CXR_EINVAL);  // not on a page
+  cal.arg_len = 0;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, nullptr, &res, &cal), CXR_EINVAL);  // no argument bytes
+  cal.arg_len = SIZE_MAX;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, page, &res, &cal), CXR_EBADPTR);
+  cxr_call_opts_init(&cal);
+  int outside[4];
+  EXPECT_EQ(cxr_conn_call(c, kEcho, outside, &res, nullptr), CXR_EBADPTR);
+  cal.arg_len = SIZE_MAX;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, page, &res, &cal), CXR_EBADPTR);
+  cxr_heap_free(h, page);
+  // A handler's positive code reaches the client as CXR_EIO.
+  EXPECT_EQ(cxr_conn_call(c, kPositive, nullptr, &res, nullptr), CXR_EIO);
   // A method nobody serves, then the in-call checks.
   EXPECT_EQ(cxr_conn_call(c, 0xdead, nullptr, &res, nullptr), CXR_ENOMETHOD);
   void *args = cxr_heap_alloc(h, 64);
