@@ -306,6 +306,24 @@ TEST_F(Args, SealTableArgs) {
   cxr_seal_opts_init(&so);
   so.addr = 0x12345;
   EXPECT_EQ(cxr_seal_table_attach(&st, fd, &so), CXR_EINVAL);
+  // Descriptors that are not a seal table: closed, a pipe, an empty or zeroed memfd.
+  EXPECT_EQ(cxr_seal_table_attach(&st, 1 << 20, nullptr), CXR_EIO);  // not open
+  int pfd[2];
+  ASSERT_EQ(pipe(pfd), 0);
+  EXPECT_EQ(cxr_seal_table_attach(&st, pfd[0], nullptr), CXR_ECORRUPT);
+  close(pfd[0]);
+  close(pfd[1]);
+  int mfd = memfd_create("args-not-a-table", MFD_CLOEXEC);
+  ASSERT_GE(mfd, 0);
+  EXPECT_EQ(cxr_seal_table_attach(&st, mfd, nullptr), CXR_ECORRUPT);
+  ASSERT_EQ(ftruncate(mfd, 1 << 16), 0);
+  EXPECT_EQ(cxr_seal_table_attach(&st, mfd, nullptr), CXR_EBADMAGIC);
+  close(mfd);
+  EXPECT_EQ(st, nullptr);
+  // A release batch above CXR_SEAL_SLOTS_MAX (its array is allocated whole at attach).
+  cxr_seal_opts_init(&so);
+  so.release_batch = CXR_SEAL_SLOTS_MAX + 1;
+  so.release_batch = UINT_MAX;
   ASSERT_EQ(cxr_seal_table_attach(&st, fd, nullptr), 0);
   EXPECT_EQ(cxr_seal_table_stats(rt, nullptr), CXR_EINVAL);
 
