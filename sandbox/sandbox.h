@@ -64,7 +64,8 @@ typedef struct cxr_seal_opts {
   unsigned slots;          /* records in the table (seals in flight); default 1024, at most
                               CXR_SEAL_SLOTS_MAX */
   unsigned release_batch;  /* releases gathered before write access comes back in one
-                              sweep; default 1024; 1 = every release at once */
+                              sweep; default 1024; 1 = every release at once; at most
+                              CXR_SEAL_SLOTS_MAX */
   uintptr_t addr;          /* where to map the table (MAP_FIXED_NOREPLACE); 0 = anywhere.
                               A sender under cxrpcd must map it inside the window. */
 } cxr_seal_opts;

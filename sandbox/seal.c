@@ -170,7 +170,10 @@ int cxr_seal_table_attach(cxr_seal_table **out, int fd, const cxr_seal_opts *o) 
   cxr_seal_opts d;
   cxr_seal_opts_init(&d);
   if (!o) o = &d;
-  if (o->release_batch == 0 || (o->addr % CXR__PAGE)) return CXR_EINVAL;
+  /* The pending releases' array is allocated whole (16 bytes each): a batch of up to 2^32
+   * would ask for 64 GiB up front (and abort under ASan instead of failing). */
+  if (o->release_batch == 0 || o->release_batch > CXR_SEAL_SLOTS_MAX || (o->addr % CXR__PAGE))
+    return CXR_EINVAL;
   struct stat st;
   if (fstat(fd, &st) != 0) return cxr__from_errno(errno);
   if (st.st_size < (off_t)sizeof(cxr__seal_hdr) || st.st_size > (off_t)cxr__seal_bytes(MAX_SLOTS))

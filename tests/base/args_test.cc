@@ -323,7 +323,9 @@ TEST_F(Args, SealTableArgs) {
   // A release batch above CXR_SEAL_SLOTS_MAX (its array is allocated whole at attach).
   cxr_seal_opts_init(&so);
   so.release_batch = CXR_SEAL_SLOTS_MAX + 1;
+  EXPECT_EQ(cxr_seal_table_attach(&st, fd, &so), CXR_EINVAL);
   so.release_batch = UINT_MAX;
+  EXPECT_EQ(cxr_seal_table_attach(&st, fd, &so), CXR_EINVAL);
   ASSERT_EQ(cxr_seal_table_attach(&st, fd, nullptr), 0);
   EXPECT_EQ(cxr_seal_table_stats(rt, nullptr), CXR_EINVAL);
 
