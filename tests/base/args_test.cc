@@ -784,6 +784,18 @@ TEST_F(Args, ChannelArgs) {
   cxr_channel_stop(ch);
   cxr_channel_stop(ch);  // twice: no-op
   cxr_channel_close(ch);
+  // A channel with the longest dead-client bound opens, serves and closes.
+  cxr_channel_opts_init(&o);
+  o.conn_heap_size = 4u << 20;
+  o.pool = 1;
+  o.peer_timeout_ns = INT64_MAX;
+  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
+  ASSERT_EQ(cxr_channel_on(ch, kEcho, echo_handler, nullptr), 0);
+  ASSERT_EQ(cxr_channel_start(ch), 0);
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  EXPECT_EQ(cxr_conn_call(c, kEcho, nullptr, &res, nullptr), 0);
+  cxr_conn_close(c);
+  cxr_channel_close(ch);
 }
 
 // ---------------------------------------------------------------------------- rdma.h
@@ -928,7 +940,7 @@ TEST_F(Args, RdmaArgs) {
   cxr_rdma_forget(cli, nullptr);
   cxr_rdma_forget(cli, "");
   cxr_rdma_forget(cli, "no-such-host:1");
-  ASSERT_EQ(cxr_rdma_connect(cli, hp.c_str(), 0, &ep), 0);
+  ASSERT_EQ(cxr_rdma_connect(cli, hp.c_str(), INT64_MAX, &ep), 0);
   EXPECT_EQ(cxr_rdma_ep_status(ep), 0);
   EXPECT_EQ(cxr_rdma_ep_on_error(ep, nullptr, nullptr), 0);  // NULL cb clears it
   // messages: ids, header size, NULL buffers with lengths
@@ -980,6 +992,8 @@ TEST_F(Args, RdmaArgs) {
   EXPECT_EQ(cxr_rdma_swap64(ep, rk, base + 2, 1, &old, 0), CXR_EINVAL);
   EXPECT_EQ(cxr_rdma_swap64(ep, rk, end, 1, &old, 0), CXR_ERANGE);
   EXPECT_EQ(cxr_rdma_swap64(ep, rk, base, 0, nullptr, 0), 0);
+  EXPECT_EQ(cxr_rdma_get(ep, rk, base, buf, 8, INT64_MAX), 0);
+  EXPECT_EQ(cxr_rdma_am_send(ep, 20, buf, 1, nullptr, 0, INT64_MAX), 0);
 
   // ALock: bad locks and refs.
   EXPECT_EQ(cxr_alock_init(nullptr, 0), CXR_EINVAL);
@@ -1013,6 +1027,21 @@ TEST_F(Args, RdmaArgs) {
   if (rc == 0) {
     EXPECT_EQ(cxr_alock_unlock(&ref), 0);
   }
+  EXPECT_EQ(cxr_alock_lock(&ref, INT64_MAX), 0);
+  EXPECT_EQ(cxr_alock_unlock(&ref), 0);
+  ASSERT_EQ(cxr_alock_lock(&ref, 0), 0);
+  EXPECT_EQ(cxr_alock_unlock(&ref), 0);
+  cxr_rdma_mr *lmr = nullptr;
+  ASSERT_EQ(cxr_rdma_export(srv, "lock", &lock, sizeof lock, &lmr), 0);
+  ASSERT_EQ(cxr_rdma_refresh(ep, 0), 0);
+  cxr_rdma_rkey *lrk = nullptr;
+  ASSERT_EQ(cxr_rdma_rkey_get(ep, "lock", &lrk, nullptr, nullptr), 0);
+  cxr_alock_ref far = {};
+  far.ep = ep;
+  far.rk = lrk;
+  far.addr = (uint64_t)(uintptr_t)&lock;
+  far.rk = rk;  // the key of another export: the lock is outside it
+  EXPECT_EQ(cxr_alock_lock(&far, 0), CXR_ERANGE);
 
   // A key on another endpoint: CXR_EINVAL.
   cxr_rdma_ep *ep2 = nullptr;
@@ -1020,11 +1049,22 @@ TEST_F(Args, RdmaArgs) {
   EXPECT_EQ(cxr_rdma_get(ep2, rk, base, buf, 8, 0), CXR_EINVAL);
   EXPECT_EQ(cxr_rdma_put(ep2, rk, base, buf, 8, 0), CXR_EINVAL);
   EXPECT_EQ(cxr_rdma_fadd64(ep2, rk, base, 1, &old, 0), CXR_EINVAL);
+  cxr_alock_ref far2 = {};  // a key got on another endpoint
+  far2.ep = ep2;
+  far2.rk = lrk;
+  far2.addr = (uint64_t)(uintptr_t)&lock;
+  EXPECT_EQ(cxr_alock_lock(&far2, 0), CXR_EINVAL);
   cxr_rdma_ep_close(ep2);
   cxr_rdma_ep_close(ep);
+  cxr_rdma_dereg(lmr);
   cxr_rdma_dereg(emr);
   cxr_rdma_close(cli);
   cxr_rdma_close(srv);
+  // The longest busy-poll: the engine still closes (its progress thread is told to stop).
+  cxr_rdma_opts_init(&o);
+  o.spin_ns = INT64_MAX;
+  ASSERT_EQ(cxr_rdma_open(&r, &o), 0);
+  cxr_rdma_close(r);
 }
 
 }  // namespace
