@@ -308,8 +308,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
    * short ones from the precise one. */
   int64_t rel = o->deadline_ns ? o->deadline_ns : c->default_deadline;
   int64_t now = rel >= 100000000 ? cxr__coarse_ns() : cxr_now_ns();
-  f->deadline = now + rel;
-  if (f->deadline < now) f->deadline = INT64_MAX; /* overflow: no practical deadline */
+  f->deadline = cxr__after(now, rel);
   d.deadline = f->deadline;
   d.call_id = cxr__future_call_id(f);
   if (o->flags & CXR_CALL_SEAL) {
@@ -403,8 +402,7 @@ int cxr_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
   if (result) *result = NULL;
   if (cxr__fork_inherited(f->c->fork_epoch)) return CXR_ECLOSED;
   if (f->c->remote) return cxr__remote_future_wait(f, timeout_ns, result);
-  int64_t until = timeout_ns == 0 ? INT64_MAX : cxr_now_ns() + timeout_ns;
-  if (until < 0) until = INT64_MAX;
+  int64_t until = timeout_ns == 0 ? INT64_MAX : cxr__after(cxr_now_ns(), timeout_ns);
   if (wait_entry(f->c, f, until) != 0) return CXR_EAGAIN;
   if (result) {
     *result = out_result(f);

@@ -287,7 +287,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   cxr__chan_block *cb = c->ctl->cb;
   c->cb = cb;
   c->pid = (uint32_t)getpid();
-  int64_t give_up = cxr_now_ns() + o->connect_timeout_ns;
+  int64_t give_up = cxr__after(cxr_now_ns(), o->connect_timeout_ns);
   int k;
   for (;;) {
     bool any_free;

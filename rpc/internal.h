@@ -185,6 +185,12 @@ bool cxr__wait_contended(cxr__waitpol *p, int64_t now);
 /* CLOCK_MONOTONIC_COARSE: a few ns instead of ~25, at most one tick (1-4 ms) behind
  * cxr_now_ns(). "coarse > deadline" therefore still means the deadline passed. */
 int64_t cxr__coarse_ns(void);
+/* now + rel for rel >= 0, INT64_MAX where that overflows: timeouts up to INT64_MAX mean "no
+ * practical limit", never a time in the past (and signed overflow is undefined: a check
+ * after the addition can be compiled away). */
+static inline int64_t cxr__after(int64_t now, int64_t rel) {
+  return rel > INT64_MAX - now ? INT64_MAX : now + rel;
+}
 /* Tunables read once from the environment (CXRPC_SPIN_NS, CXRPC_YIELD_NS). */
 int64_t cxr__spin_ns(void);
 int64_t cxr__yield_ns(void);

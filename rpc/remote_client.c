@@ -359,7 +359,7 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
   char host[80], chan[CXR__CHAN_NAME_MAX + 1];
   int rc = cxr__rem_parse_target(target, host, sizeof host, chan, sizeof chan);
   if (rc) return rc;
-  int64_t deadline = cxr_now_ns() + o->connect_timeout_ns;
+  int64_t deadline = cxr__after(cxr_now_ns(), o->connect_timeout_ns);
   cxr_rdma *r;
   if ((rc = runtime(&r)) != 0) return rc;
   rc = cxr_init(NULL);
@@ -530,7 +530,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
 
   cxr__future_reset(f);
   int64_t now = cxr_now_ns(), rel = o->deadline_ns ? o->deadline_ns : c->default_deadline;
-  f->deadline = now + rel < now ? INT64_MAX : now + rel;
+  f->deadline = cxr__after(now, rel);
   __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
 
   r_range *tab = (r_range *)own;
@@ -589,8 +589,7 @@ int cxr__remote_future_poll(cxr_future *f, void **result) {
 }
 
 int cxr__remote_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
-  int64_t until = timeout_ns == 0 ? INT64_MAX : cxr_now_ns() + timeout_ns;
-  if (until < 0) until = INT64_MAX;
+  int64_t until = timeout_ns == 0 ? INT64_MAX : cxr__after(cxr_now_ns(), timeout_ns);
   if (rwait(f->c, f, until) != 0) return CXR_EAGAIN;
   if (result) {
     *result = f->result;

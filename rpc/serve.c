@@ -52,7 +52,7 @@ static void push_response(cxr_channel *ch, cxr__sconn *sc, cxr__desc *r) {
         __atomic_load_n(&sc->resp_stalled, __ATOMIC_RELAXED))
       goto drop;
     int64_t now = cxr_now_ns();
-    if (give_up == 0) give_up = now + ch->o.peer_timeout_ns;
+    if (give_up == 0) give_up = cxr__after(now, ch->o.peer_timeout_ns);
     if (now > give_up) {
       __atomic_store_n(&sc->resp_stalled, 1, __ATOMIC_RELAXED);
       CXR_WARN("channel %s: connection %u: the client does not read its answers; dropping them",

@@ -778,6 +778,19 @@ TEST_F(Args, ChannelArgs) {
   EXPECT_EQ(cxr_future_then(f, never_cb, nullptr), CXR_EBUSY);
   cxr_future_free(f);
   EXPECT_EQ(ran.load(), 1);
+  // Huge timeouts: no overflow into the past (an immediate CXR_EAGAIN or CXR_ETIMEDOUT).
+  cxr_call_opts_init(&cal);
+  cal.deadline_ns = INT64_MAX;
+  EXPECT_EQ(cxr_conn_call(c, kEcho, args, &res, &cal), 0);
+  ASSERT_EQ(cxr_conn_call_async(c, kEcho, args, &f, &cal), 0);
+  EXPECT_EQ(cxr_future_wait(f, INT64_MAX, &res), 0);
+  cxr_future_free(f);
+  cxr_conn *c2 = nullptr;
+  cxr_conn_opts_init(&co);
+  co.default_deadline_ns = co.connect_timeout_ns = co.peer_timeout_ns = INT64_MAX;
+  ASSERT_EQ(cxr_connect(&c2, name.c_str(), &co), 0);
+  EXPECT_EQ(cxr_conn_call(c2, kEcho, nullptr, &res, nullptr), 0);
+  cxr_conn_close(c2);
   cxr_heap_free(h, args);
   cxr_conn_free(c, nullptr);  // NULL result: no-op
   cxr_conn_close(c);
