@@ -34,6 +34,7 @@
 #include "shm/proc.h"
 
 enum { W_WAIT = 1, W_KEEP = 0, W_COMPETE = 2, W_ABANDONED = 3, W_PASSED = 4 };
+static bool is_granted(uint64_t st) { return st == W_KEEP || st == W_COMPETE; }
 enum { COHORT_LOCAL = 1, COHORT_REMOTE = 2 };
 
 #define LD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -190,6 +191,9 @@ static int hand_over(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
     if (nx == 0) {
       rc = tail_cas(r, cur + 1, 0, &old);
       if (rc) return rc;
+      /* An empty queue: our own node is not in it, so the caller does not hold the lock
+       * (only the tail's owner empties it). Waiting for a successor would take 10 s. */
+      if (own && old == 0) return CXR_EINVAL;
       if (old != cur + 1) {
         /* A successor swapped the tail and is about to link itself: wait for it. */
         int64_t end = cxr_now_ns() + 10000000000;
@@ -231,6 +235,10 @@ int cxr_alock_unlock(cxr_alock_ref *r) {
   if (r == NULL || r->slot >= CXR_ALOCK_SLOTS || (r->local == NULL && (r->ep == NULL || r->rk == NULL)))
     return CXR_EINVAL;
   if (is_remote(r) && r->budget_left == REF_SPENT) return CXR_ENOTCONN;
+  /* A pod holder's node stays granted until it releases (nobody else writes it while its
+   * owner lives): any other state means this ref does not hold the lock, and handing over
+   * from its stale next word would grant the lock to a waiter while another holds it. */
+  if (!is_remote(r) && !is_granted(LD(&r->local->lnodes[r->slot].locked))) return CXR_EINVAL;
   return release_from(r, r->slot, r->budget_left);
 }
 
@@ -281,8 +289,6 @@ static bool owned_here(const cxr_alock_node *x) {
   return me != NULL && id.pid == me->pid && id.start_time == me->start_time &&
          id.host == me->host;
 }
-
-static bool is_granted(uint64_t st) { return st == W_KEEP || st == W_COMPETE; }
 
 /* A pod node's state from `from` to `to` (the node words' own CAS: node_cas); true if it
  * was `from`. Pod steps cannot fail. */

@@ -1042,7 +1042,14 @@ TEST_F(Args, RdmaArgs) {
   }
   EXPECT_EQ(cxr_alock_lock(&ref, INT64_MAX), 0);
   EXPECT_EQ(cxr_alock_unlock(&ref), 0);
+  // Unlocks of a lock not held: again, from a slot never used, while another slot holds it,
+  // and from another rack (the lock exported by srv) while nobody holds it.
+  EXPECT_EQ(cxr_alock_unlock(&ref), CXR_EINVAL);
+  cxr_alock_ref other = ref;
+  other.slot = 5;
+  EXPECT_EQ(cxr_alock_unlock(&other), CXR_EINVAL);
   ASSERT_EQ(cxr_alock_lock(&ref, 0), 0);
+  EXPECT_EQ(cxr_alock_unlock(&other), CXR_EINVAL);
   EXPECT_EQ(cxr_alock_unlock(&ref), 0);
   cxr_rdma_mr *lmr = nullptr;
   ASSERT_EQ(cxr_rdma_export(srv, "lock", &lock, sizeof lock, &lmr), 0);
@@ -1053,6 +1060,7 @@ TEST_F(Args, RdmaArgs) {
   far.ep = ep;
   far.rk = lrk;
   far.addr = (uint64_t)(uintptr_t)&lock;
+  EXPECT_EQ(cxr_alock_unlock(&far), CXR_EINVAL);
   far.rk = rk;  // the key of another export: the lock is outside it
   EXPECT_EQ(cxr_alock_lock(&far, 0), CXR_ERANGE);
 
