@@ -95,6 +95,12 @@ TEST_F(Args, RuntimeArgs) {
   o.window_base = 0x7fff00000000;  // ends above 0x800000000000
   o.window_size = 1ul << 40;
   EXPECT_EQ(cxr_init(&o), CXR_EINVAL);
+  cxr_init_opts_init(&o);
+  o.pod = 0;
+  o.pod_slices = 1u << 30;  // slices of less than 2 MiB
+  EXPECT_EQ(cxr_init(&o), CXR_EINVAL);
+  o.pod_slices = UINT_MAX;
+  EXPECT_EQ(cxr_init(&o), CXR_EINVAL);
   EXPECT_EQ(cxr_init(nullptr), 0);  // defaults: sets the runtime up
   EXPECT_NE(cxr_root(), nullptr);
   uintptr_t base;
@@ -131,6 +137,10 @@ TEST_F(Args, HeapArgs) {
   cxr_heap_opts_init(&ho);
   ho.addr = 0x600000000123;
   EXPECT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, &ho), CXR_EINVAL);
+  cxr_heap_opts_init(&ho);
+  std::string long_path = "/tmp/" + std::string(300, 'p');
+  ho.path = long_path.c_str();
+  EXPECT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, &ho), CXR_ENAMETOOLONG);
   // open / unlink
   EXPECT_EQ(cxr_heap_open(nullptr, name.c_str()), CXR_EINVAL);
   EXPECT_EQ(cxr_heap_open(&h, nullptr), CXR_EINVAL);
@@ -218,6 +228,7 @@ TEST_F(Args, HeapArgs) {
   EXPECT_EQ(cxr_last_error(), 0);
   // root
   EXPECT_EQ(cxr_heap_set_root(h, &outside), CXR_EBADPTR);
+  EXPECT_EQ(cxr_heap_set_root(h, (char *)cxr_heap_base(h) + cxr_heap_size(h)), CXR_EBADPTR);
   EXPECT_NULL_WITH(cxr_heap_get_root(h), CXR_ENOENT);
   EXPECT_EQ(cxr_heap_set_root(h, nullptr), 0);  // NULL clears it
   // persist
@@ -615,6 +626,22 @@ TEST_F(Args, ChannelArgs) {
   EXPECT_EQ(cxr_channel_inspect(std::string(61, 'c').c_str(), &ci, conns, 2, &n),
             CXR_ENAMETOOLONG);
   EXPECT_EQ(cxr_channel_inspect(name.c_str(), &ci, conns, 2, &n), CXR_ENOENT);
+  {  // A heap in the place of a channel's control block ("ch.<name>"): not a channel.
+    std::string fake = uniq("fakech");
+    cxr_heap *fh = nullptr;
+    ASSERT_EQ(cxr_heap_create(&fh, ("ch." + fake).c_str(), 1 << 20, nullptr), 0);
+    void *junk = cxr_heap_alloc(fh, 4096);  // zeros: no channel magic
+    ASSERT_NE(junk, nullptr);
+    memset(junk, 0, 4096);
+    ASSERT_EQ(cxr_heap_set_root(fh, junk), 0);
+    EXPECT_EQ(cxr_channel_inspect(fake.c_str(), &ci, conns, 2, &n), CXR_EBADMAGIC);
+    cxr_conn *fc = reinterpret_cast<cxr_conn *>(1);
+    int frc = cxr_connect(&fc, fake.c_str(), nullptr);
+    EXPECT_TRUE(frc == CXR_EBADMAGIC || frc == CXR_ENOENT) << frc;
+    EXPECT_EQ(fc, nullptr);
+    cxr_heap_close(fh);
+    EXPECT_EQ(cxr_heap_unlink(("ch." + fake).c_str()), 0);
+  }
 
   // A real channel.
   cxr_channel_opts_init(&o);
@@ -814,6 +841,32 @@ TEST_F(Args, ChannelArgs) {
 // ---------------------------------------------------------------------------- rdma.h
 
 void am_noop(cxr_rdma_msg *, void *) {}
+
+// Runs on srv's progress thread for each message to id 20: the message functions with bad
+// arguments. Stores 0 (all as documented) or the failing line, then counts the message.
+struct MsgChecks {
+  std::atomic<int> bad{-1};
+  std::atomic<int> seen{0};
+};
+void am_check(cxr_rdma_msg *m, void *user) {
+  MsgChecks *mc = static_cast<MsgChecks *>(user);
+  int bad = 0;
+#define MCHECK(cond) \
+  if (bad == 0 && !(cond)) bad = __LINE__
+  char h[1025] = {0};
+  MCHECK(cxr_rdma_msg_id(m) == 20);
+  MCHECK(cxr_rdma_msg_hdr(m, nullptr) != nullptr);  // len may be NULL
+  MCHECK(cxr_rdma_msg_data(m, nullptr) != nullptr);  // never NULL, even for 0 bytes
+  MCHECK(cxr_rdma_reply(m, 15, h, 1, nullptr, 0, 0) == CXR_EINVAL);
+  MCHECK(cxr_rdma_reply(m, 256, h, 1, nullptr, 0, 0) == CXR_EINVAL);
+  MCHECK(cxr_rdma_reply(m, 21, h, 1025, nullptr, 0, 0) == CXR_EINVAL);
+  MCHECK(cxr_rdma_reply(m, 21, nullptr, 1, nullptr, 0, 0) == CXR_EINVAL);
+  MCHECK(cxr_rdma_reply(m, 21, h, 1, nullptr, 1, 0) == CXR_EINVAL);
+  MCHECK(cxr_rdma_reply(m, 21, h, 0, nullptr, 0, 0) == 0);
+#undef MCHECK
+  mc->bad.store(bad);
+  mc->seen.fetch_add(1);
+}
 void defer_noop(void *) {}
 
 TEST_F(Args, RdmaArgs) {
@@ -922,6 +975,8 @@ TEST_F(Args, RdmaArgs) {
   EXPECT_EQ(cxr_rdma_export(srv, std::string(32, 'n').c_str(), mem, sizeof mem, &emr),
             CXR_ENAMETOOLONG);
   ASSERT_EQ(cxr_rdma_export(srv, "mem", mem, sizeof mem, &emr), 0);
+  MsgChecks mc;
+  ASSERT_EQ(cxr_rdma_am_set(srv, 20, am_check, &mc), 0);
   cxr_rdma_mr *emr2 = nullptr;
   EXPECT_EQ(cxr_rdma_export(srv, "mem", mem, sizeof mem, &emr2), CXR_EEXIST);
   EXPECT_EQ(emr2, nullptr);
@@ -1007,6 +1062,10 @@ TEST_F(Args, RdmaArgs) {
   EXPECT_EQ(cxr_rdma_swap64(ep, rk, base, 0, nullptr, 0), 0);
   EXPECT_EQ(cxr_rdma_get(ep, rk, base, buf, 8, INT64_MAX), 0);
   EXPECT_EQ(cxr_rdma_am_send(ep, 20, buf, 1, nullptr, 0, INT64_MAX), 0);
+  for (int64_t end = cxr_now_ns() + 5 * kSec; mc.seen.load() == 0 && cxr_now_ns() < end;)
+    usleep(1000);
+  ASSERT_EQ(mc.seen.load(), 1);
+  EXPECT_EQ(mc.bad.load(), 0) << "the message check that failed is at this line";
 
   // ALock: bad locks and refs.
   EXPECT_EQ(cxr_alock_init(nullptr, 0), CXR_EINVAL);
@@ -1081,6 +1140,18 @@ TEST_F(Args, RdmaArgs) {
   cxr_rdma_dereg(emr);
   cxr_rdma_close(cli);
   cxr_rdma_close(srv);
+  // An engine that pins, with a budget smaller than a registration or an export.
+  cxr_rdma_opts_init(&o);
+  o.pin_mode = CXR_RDMA_PIN_ALWAYS;
+  o.pin_budget = 64 << 10;
+  o.bounce_size = 8 << 10;
+  ASSERT_EQ(cxr_rdma_open(&r, &o), 0);
+  static char pinme[256 << 10];
+  mr = reinterpret_cast<cxr_rdma_mr *>(1);
+  EXPECT_EQ(cxr_rdma_reg(r, pinme, sizeof pinme, &mr), CXR_EFULL);
+  EXPECT_EQ(mr, nullptr);
+  EXPECT_EQ(cxr_rdma_export(r, "big", pinme, sizeof pinme, &mr), CXR_EFULL);
+  cxr_rdma_close(r);
   // The longest busy-poll: the engine still closes (its progress thread is told to stop).
   cxr_rdma_opts_init(&o);
   o.spin_ns = INT64_MAX;
