@@ -630,6 +630,7 @@ TEST_F(Args, ChannelArgs) {
     std::string fake = uniq("fakech");
     cxr_heap *fh = nullptr;
     ASSERT_EQ(cxr_heap_create(&fh, ("ch." + fake).c_str(), 1 << 20, nullptr), 0);
+    EXPECT_EQ(cxr_channel_inspect(fake.c_str(), &ci, conns, 2, &n), CXR_ENOENT);  // no root
     void *junk = cxr_heap_alloc(fh, 4096);  // zeros: no channel magic
     ASSERT_NE(junk, nullptr);
     memset(junk, 0, 4096);
