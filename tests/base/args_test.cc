@@ -523,6 +523,75 @@ TEST_F(Args, IdlArgs) {
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
 
+// The internal helpers generated code calls (declared in <cxrpc/idl.h>): the arguments
+// their man pages call invalid. (NULL is a documented precondition of the copy, compare,
+// free and range walks, so those are not given NULL.)
+int no_fields(cxr__vctx *, const void *) { return 0; }
+
+TEST_F(Args, IdlInternalArgs) {
+  alignas(16) static char mem[256];
+  cxr_range r = {mem, sizeof mem};
+  cxr_range null_p = {nullptr, 8};
+  cxr_range wraps = {(void *)(UINTPTR_MAX - 8), 64};
+  cxr__vctx v;
+  EXPECT_EQ(cxr__v_begin(nullptr, &r, nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr__v_begin(&v, nullptr, nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr__v_begin(&v, &null_p, nullptr), CXR_EINVAL);
+  EXPECT_EQ(cxr__v_begin(&v, &wraps, nullptr), CXR_EINVAL);
+  cxr__v_end(nullptr);
+  cxr_limits lim = {1, 2, 16};  // depth 1, 2 nodes, 16 bytes
+  ASSERT_EQ(cxr__v_begin(&v, &r, &lim), 0);
+  EXPECT_EQ(cxr__v_root(&v, nullptr, 16, 8, no_fields), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_NULL);
+  EXPECT_EQ(cxr__v_root(&v, mem + sizeof mem, 16, 8, no_fields), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_RANGE);
+  EXPECT_EQ(cxr__v_root(&v, mem + 1, 16, 8, no_fields), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_ALIGN);
+  EXPECT_EQ(cxr__v_root(&v, mem + 250, 16, 1, no_fields), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_LENGTH);
+  EXPECT_EQ(cxr__v_block(&v, nullptr, 1, 8, 8), CXR_EBADPTR);
+  EXPECT_EQ(cxr__v_block(&v, nullptr, 0, 8, 8), 0);
+  EXPECT_EQ(cxr__v_block(&v, mem, UINT64_MAX, 8, 8), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_LENGTH);
+  EXPECT_EQ(cxr__v_block(&v, mem, 3, 8, 8), CXR_EBADPTR);  // 24 bytes > max_len 16
+  EXPECT_EQ(cxr__v_block(&v, mem, 1, 0, 8), CXR_EINVAL);
+  EXPECT_EQ(cxr__v_msgs(&v, mem, 1, 0, 8, no_fields), CXR_EINVAL);
+  EXPECT_EQ(cxr__v_count(&v, UINT64_MAX), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_NODES);
+  cxr_str s = {nullptr, 5};
+  EXPECT_EQ(cxr__v_str(&v, &s), CXR_EBADPTR);
+  cxr_bytes b = {nullptr, 1};
+  EXPECT_EQ(cxr__v_bytes(&v, &b), CXR_EBADPTR);
+  bool two;
+  memset(&two, 2, 1);
+  EXPECT_EQ(cxr__v_bool(&v, &two), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_BOOL);
+  EXPECT_EQ(cxr__v_fail(&v, -1), CXR_EPROTO);
+  EXPECT_EQ(cxr__v_fail(nullptr, CXR_INVALID_NULL), CXR_EBADPTR);
+  cxr__v_end(&v);
+  // Copies and limits.
+  cxr_limits tmp, zero = {0, 0, 0};
+  EXPECT_EQ(cxr__limits(nullptr, &tmp), &tmp);
+  EXPECT_EQ(cxr__limits(&zero, &tmp), &tmp);
+  EXPECT_EQ(tmp.max_depth, 64u);
+  EXPECT_EQ(cxr__limits(&lim, &tmp), &lim);
+  cxr__set_error(CXR_EBUSY);
+  EXPECT_EQ(cxr__cp_mem(nullptr, mem, 0), nullptr);  // n 0: no allocation, error untouched
+  EXPECT_EQ(cxr_last_error(), CXR_EBUSY);
+  EXPECT_NULL_WITH(cxr__cp_mem(nullptr, mem, 8), CXR_EINVAL);
+  cxr_str d;
+  cxr_str src = {"abc", 3};
+  EXPECT_EQ(cxr__cp_str(nullptr, &d, &src), CXR_EINVAL);
+  cxr_vec_str vs = {nullptr, 0};
+  EXPECT_EQ(cxr__rg_strs(nullptr, &vs), CXR_EINVAL);
+  EXPECT_TRUE(cxr__eq_mem(nullptr, 0, mem, 0));
+  // Call helpers outside a call (NULL call): the widest safe answers.
+  cxr_range ext = cxr__call_arg_extent(nullptr, mem);
+  EXPECT_EQ(ext.p, nullptr);
+  EXPECT_EQ(ext.len, 0u);
+  EXPECT_EQ(cxr__skel_result(nullptr, nullptr, 16, nullptr), 0);  // NULL result: nothing
+}
+
 // ---------------------------------------------------------------------------- rpc.h
 
 const uint32_t kCheck = 0xa1;  // a handler that checks the in-call functions' arguments
