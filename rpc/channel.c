@@ -364,7 +364,7 @@ static int remove_stale(const char *ctl_name) {
     return cxr_heap_unlink(ctl_name) == 0 ? 0 : rc;
   }
   cxr__chan_block *cb = cxr_heap_get_root(h);
-  if (cb != NULL && cxr_heap_contains(h, cb, sizeof *cb) && cb->magic == CXR__CHAN_MAGIC) {
+  if (cxr__block_ok(h, cb, sizeof *cb, _Alignof(cxr__chan_block)) && cb->magic == CXR__CHAN_MAGIC) {
     cxr__proc_id id = {.pid = cb->server_pid, .start_time = cb->server_start,
                        .host = cb->server_host};
     if (CXR__LD(&cb->state) == CXR__CHAN_OPEN && cxr__proc_alive(&id)) {

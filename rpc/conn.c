@@ -100,7 +100,8 @@ static int ctl_get(const char *channel, cxr__ctl_ref **out) {
   if (rc != 0) goto fail;
   cxr__chan_block *cb = cxr_heap_get_root(r->heap);
   /* Check the block before trusting any field of it. */
-  if (cb == NULL || !cxr_heap_contains(r->heap, cb, sizeof *cb) || cb->magic != CXR__CHAN_MAGIC) {
+  if (!cxr__block_ok(r->heap, cb, sizeof *cb, _Alignof(cxr__chan_block)) ||
+      cb->magic != CXR__CHAN_MAGIC) {
     rc = cb == NULL ? CXR_ENOENT : CXR_EBADMAGIC;
     goto fail;
   }
@@ -328,7 +329,8 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   if (c->heap == NULL && (rc = cxr_heap_open(&c->heap, heap_name)) != 0) goto fail;
   uint32_t ring = c->ctl->ring_slots;
   cxr__conn_block *b = (cxr__conn_block *)(uintptr_t)blk_addr;
-  if (cxr_heap_get_root(c->heap) != b || !cxr_heap_contains(c->heap, b, cxr__conn_block_size(ring)) ||
+  if (cxr_heap_get_root(c->heap) != b ||
+      !cxr__block_ok(c->heap, b, cxr__conn_block_size(ring), _Alignof(cxr__conn_block)) ||
       b->magic != CXR__CONN_MAGIC || b->version != CXR__VERSION || b->ring_slots != ring ||
       b->slot != (uint32_t)k || b->gen != c->gen || b->slots != (uint64_t)(uintptr_t)(b + 1)) {
     rc = CXR_ECORRUPT;

@@ -52,8 +52,9 @@ static int open_block(const char *heap_name, cxr_heap **h, const cxr__chan_block
   if (rc != 0) return rc;
   const cxr__chan_block *cb = cxr_heap_get_root(*h);
   unsigned max = 0;
-  if (cb != NULL && cxr_heap_contains(*h, cb, sizeof *cb)) max = CXR__LDX(&cb->max_conns);
-  if (cb == NULL || max == 0 || cb->magic != CXR__CHAN_MAGIC || cb->version != CXR__VERSION ||
+  bool ok = cxr__block_ok(*h, cb, sizeof *cb, _Alignof(cxr__chan_block));
+  if (ok) max = CXR__LDX(&cb->max_conns);
+  if (!ok || max == 0 || cb->magic != CXR__CHAN_MAGIC || cb->version != CXR__VERSION ||
       max > CXR__MAX_CONNS || !cxr_heap_contains(*h, cb, cxr__chan_block_size(max))) {
     cxr_heap_close(*h);
     return cb == NULL ? CXR_ENOENT : CXR_EBADMAGIC;

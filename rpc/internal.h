@@ -242,6 +242,13 @@ typedef struct cxr__cslot {
 
 enum { CXR__CHAN_OPEN = 1, CXR__CHAN_CLOSED = 2 };
 
+/* A block's address read from shared memory (a heap's root, a slot's word): true if it lies
+ * in h and is aligned for its type, checked before any field of it is read (a hostile or
+ * damaged heap's root may point at any byte of its data). */
+static inline bool cxr__block_ok(const cxr_heap *h, const void *p, size_t size, size_t align) {
+  return p != NULL && (uintptr_t)p % align == 0 && cxr_heap_contains(h, p, size);
+}
+
 typedef struct cxr__chan_block {
   uint64_t magic;
   uint32_t version;
