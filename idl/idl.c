@@ -151,6 +151,7 @@ int cxr__v_msg(cxr__vctx *v, const void *p, size_t size, size_t align, cxr__vfn 
 int cxr__v_block(cxr__vctx *v, const void *p, uint64_t count, size_t elem, size_t align) {
   if (count == 0) return 0;  /* the pointer is never read when empty */
   if (!p) return cxr__v_fail(v, CXR_INVALID_NULL);
+  if (elem == 0) return CXR_EINVAL; /* a caller's error, not the peer's: no reason set */
   if (count > v->lim.max_len / elem) return cxr__v_fail(v, CXR_INVALID_LENGTH);
   return check_mem(v, (uintptr_t)p, count * elem, align);
 }
