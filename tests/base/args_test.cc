@@ -527,6 +527,8 @@ TEST_F(Args, IdlArgs) {
 // their man pages call invalid. (NULL is a documented precondition of the copy, compare,
 // free and range walks, so those are not given NULL.)
 int no_fields(cxr__vctx *, const void *) { return 0; }
+bool no_enum(int32_t) { return false; }
+int walk_fails(const void *, cxr_ranges *, unsigned) { return CXR_EPROTO; }
 
 TEST_F(Args, IdlInternalArgs) {
   alignas(16) static char mem[256];
@@ -566,6 +568,27 @@ TEST_F(Args, IdlInternalArgs) {
   memset(&two, 2, 1);
   EXPECT_EQ(cxr__v_bool(&v, &two), CXR_EPROTO);
   EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_BOOL);
+  cxr_vec_bool vb = {nullptr, 1};
+  EXPECT_EQ(cxr__v_bools(&v, &vb), CXR_EBADPTR);
+  cxr_vec_str vstr = {nullptr, 1};
+  EXPECT_EQ(cxr__v_strs(&v, &vstr), CXR_EBADPTR);
+  cxr_vec_bytes vbytes = {nullptr, 1};
+  EXPECT_EQ(cxr__v_bytess(&v, &vbytes), CXR_EBADPTR);
+  alignas(16) static int32_t en[1] = {7};
+  cxr_range er = {en, sizeof en};
+  cxr__vctx ve;
+  ASSERT_EQ(cxr__v_begin(&ve, &er, nullptr), 0);
+  cxr_vec_i32 ve32 = {en, 1};
+  EXPECT_EQ(cxr__v_enums(&ve, &ve32, no_enum), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_ENUM);
+  cxr__v_end(&ve);
+  EXPECT_EQ(cxr__v_msg(&v, nullptr, 16, 8, no_fields, true), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_REQUIRED);
+  EXPECT_EQ(cxr__v_msg(&v, nullptr, 16, 8, no_fields, false), 0);  // absent
+  v.depth = lim.max_depth;
+  EXPECT_EQ(cxr__v_msg(&v, mem, 16, 8, no_fields, false), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_DEPTH);
+  v.depth = 0;
   EXPECT_EQ(cxr__v_fail(&v, -1), CXR_EPROTO);
   EXPECT_EQ(cxr__v_fail(nullptr, CXR_INVALID_NULL), CXR_EBADPTR);
   cxr__v_end(&v);
@@ -582,9 +605,45 @@ TEST_F(Args, IdlInternalArgs) {
   cxr_str d;
   cxr_str src = {"abc", 3};
   EXPECT_EQ(cxr__cp_str(nullptr, &d, &src), CXR_EINVAL);
+  cxr_bytes db, sb = {(const uint8_t *)"abc", 3};
+  EXPECT_EQ(cxr__cp_bytes(nullptr, &db, &sb), CXR_EINVAL);
+  // Arrays into no heap: CXR_ENOMEM, the allocator's CXR_EINVAL in cxr_last_error.
+  cxr_str one_s[1] = {{"abc", 3}};
+  cxr_bytes one_b[1] = {{(const uint8_t *)"abc", 3}};
+  cxr_vec_str vs1 = {one_s, 1}, vsd;
+  cxr_vec_bytes vb1 = {one_b, 1}, vbd;
+  cxr__set_error(0);
+  EXPECT_EQ(cxr__cp_strs(nullptr, &vsd, &vs1), CXR_ENOMEM);
+  EXPECT_EQ(cxr_last_error(), CXR_EINVAL);
+  cxr__set_error(0);
+  EXPECT_EQ(cxr__cp_bytess(nullptr, &vbd, &vb1), CXR_ENOMEM);
+  EXPECT_EQ(cxr_last_error(), CXR_EINVAL);
   cxr_vec_str vs = {nullptr, 0};
+  cxr_vec_bytes vb0 = {nullptr, 0};
   EXPECT_EQ(cxr__rg_strs(nullptr, &vs), CXR_EINVAL);
+  EXPECT_EQ(cxr__rg_bytess(nullptr, &vb0), CXR_EINVAL);
   EXPECT_TRUE(cxr__eq_mem(nullptr, 0, mem, 0));
+  EXPECT_TRUE(cxr__eq_strs(&vs, &vs));
+  EXPECT_FALSE(cxr__eq_strs(&vs, &vs1));
+  EXPECT_TRUE(cxr__eq_bytess(&vb0, &vb0));
+  EXPECT_FALSE(cxr__eq_bytess(&vb0, &vb1));
+  std::string hn = uniq("args-int");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, hn.c_str(), 1 << 20, nullptr), 0);
+  cxr__free_strs(h, &vs);  // empty: nothing to free, no crash
+  cxr__free_bytess(h, &vb0);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(hn.c_str()), 0);
+  // A walk that fails: its code, and the list left empty.
+  cxr_ranges rg;
+  EXPECT_EQ(cxr__graph_ranges(mem, 16, walk_fails, &rg), CXR_EPROTO);
+  EXPECT_EQ(rg.count, 0u);
+  // Stub options without a connection: not remote, so o itself (NULL: the defaults).
+  cxr_call_opts ctmp;
+  int err = 1;
+  EXPECT_EQ(cxr__stub_opts(nullptr, mem, 16, walk_fails, nullptr, &ctmp, &rg, &err), nullptr);
+  EXPECT_EQ(err, 0);
+  cxr_ranges_free(&rg);
   // Call helpers outside a call (NULL call): the widest safe answers.
   cxr_range ext = cxr__call_arg_extent(nullptr, mem);
   EXPECT_EQ(ext.p, nullptr);
