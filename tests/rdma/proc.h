@@ -117,4 +117,28 @@ struct Proc {
   }
 };
 
+// Starts tests/netns/remote_peer serving channel "kv" on a loopback port of its own, with
+// CXRPC_ROOT root and CXRPC_POD 1, into server (which must not run yet); *host gets
+// "127.0.0.1:PORT". Loopback is shared by the suites running in parallel (the same pid in
+// every sandbox: salt tells suites apart), and used ports linger in TIME_WAIT: the port
+// varies with time and is retried. False if no server came up.
+inline bool start_kv_server(Proc &server, std::string *host, const std::string &root,
+                            int salt) {
+  for (int tries = 0; tries < 20; tries++) {
+    int port = 20000 + (int)((getpid() * 7 + time(nullptr) * 31 + tries * 101 + salt) % 30000);
+    *host = "127.0.0.1:" + std::to_string(port);
+    Proc p;
+    if (!p.start({"tests/netns/remote_peer", "server", "kv", "ucx://" + *host},
+                 {"CXRPC_ROOT=" + root, "CXRPC_POD=1"}))
+      return false;
+    if (p.line(15000) == "READY") {
+      std::swap(server.pid, p.pid);
+      std::swap(server.in, p.in);
+      std::swap(server.out, p.out);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace cxrt

@@ -72,22 +72,7 @@ class Hostile : public ::testing::Test {
     const char *t = getenv("TEST_TMPDIR");
     root = std::string(t ? t : "/tmp") + "/hostile";
     mkdir(root.c_str(), 0700);
-    // A port of our own: loopback is shared by the suites running in parallel (the same pid
-    // in every sandbox), and recently used ports linger in TIME_WAIT: vary, and retry.
-    for (int tries = 0; tries < 20; tries++) {
-      int port = 20000 + (int)((getpid() * 7 + time(nullptr) * 31 + tries * 101) % 30000);
-      host = "127.0.0.1:" + std::to_string(port);
-      cxrt::Proc p;
-      ASSERT_TRUE(p.start({"tests/netns/remote_peer", "server", "kv", "ucx://" + host},
-                          {"CXRPC_ROOT=" + root, "CXRPC_POD=1"}));
-      if (p.line(15000) == "READY") {
-        std::swap(server.pid, p.pid);
-        std::swap(server.in, p.in);
-        std::swap(server.out, p.out);
-        break;
-      }
-    }
-    ASSERT_GT(server.pid, 0);
+    ASSERT_TRUE(cxrt::start_kv_server(server, &host, root, 0));
     ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
     ASSERT_EQ(cxr_rdma_am_set(r, R_OPEN_REP, on_open_rep, &rep), 0);
     ASSERT_EQ(cxr_rdma_am_set(r, R_CALL_REP, on_call_rep, &rep), 0);
