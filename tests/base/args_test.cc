@@ -14,9 +14,11 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include <cxrpc/cxrpc.h>
 #include "shm/log.h"  // cxr__set_error: clears the last error between cases
+#include "tests/rdma/proc.h"
 #include "tests/root.h"
 
 namespace {
@@ -965,6 +967,83 @@ TEST_F(Args, ChannelArgs) {
   EXPECT_EQ(cxr_conn_call(c, kEcho, nullptr, &res, nullptr), 0);
   cxr_conn_close(c);
   cxr_channel_close(ch);
+}
+
+// A connection to another rack: tests/netns/remote_peer serves channel "kv" on loopback
+// (its own pod, 1: the replicas of each side's heaps then fit at the same addresses).
+const uint32_t kRemoteNoop = 2;  // remote_peer's M_NOOP
+
+TEST_F(Args, RemoteConnArgs) {
+  std::string root = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
+                     "/args-remote";
+  mkdir(root.c_str(), 0700);
+  cxrt::Proc server;
+  std::string host;
+  ASSERT_TRUE(cxrt::start_kv_server(server, &host, root, 7919));
+  cxr_conn *c = nullptr;
+  std::string target = "ucx://" + host + "/kv";
+  EXPECT_EQ(cxr_connect(&c, ("ucx://" + host + "/nochannel").c_str(), nullptr), CXR_ENOENT);
+  EXPECT_EQ(c, nullptr);
+  ASSERT_EQ(cxr_connect(&c, target.c_str(), nullptr), 0);
+  EXPECT_TRUE(cxr_conn_is_remote(c));
+  cxr_range rr = cxr_conn_result_range(c);
+  EXPECT_NE(rr.p, nullptr);
+  cxr_heap *h = cxr_conn_heap(c);
+  ASSERT_NE(h, nullptr);
+  char *args = (char *)cxr_heap_alloc(h, 64);
+  ASSERT_NE(args, nullptr);
+  void *res = nullptr;
+  cxr_call_opts o;
+  // Ranges: NULL with a count, too many, outside the heap, more bytes than the heap.
+  cxr_call_opts_init(&o);
+  o.nranges = 1;
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, args, &res, &o), CXR_EINVAL);
+  std::vector<cxr_range> many(65537, cxr_range{args, 8});
+  o.ranges = many.data();
+  o.nranges = many.size();
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, args, &res, &o), CXR_EINVAL);
+  int outside[4];
+  cxr_range bad[2] = {{args, 8}, {outside, sizeof outside}};
+  o.ranges = bad;
+  o.nranges = 2;
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, args, &res, &o), CXR_EBADPTR);
+  cxr_range wraps[1] = {{(void *)(UINTPTR_MAX - 4), 64}};
+  o.ranges = wraps;
+  o.nranges = 1;
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, args, &res, &o), CXR_EBADPTR);
+  std::vector<cxr_range> whole(2, cxr_range{cxr_heap_base(h), cxr_heap_size(h)});
+  o.ranges = whole.data();
+  o.nranges = whole.size();
+  int rc = cxr_conn_call(c, kRemoteNoop, args, &res, &o);
+  EXPECT_TRUE(rc == CXR_EINVAL || rc == CXR_EBADPTR) << rc;
+  // Arguments outside the heap, flags, inline sizes, negative deadline.
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, outside, &res, nullptr), CXR_EBADPTR);
+  cxr_call_opts_init(&o);
+  o.flags = CXR_CALL_SEAL | CXR_CALL_INLINE;
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, args, &res, &o), CXR_EINVAL);
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = 65;
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, args, &res, &o), CXR_EINVAL);
+  cxr_call_opts_init(&o);
+  o.deadline_ns = -1;
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, nullptr, &res, &o), CXR_EINVAL);
+  // The longest deadline and wait still complete.
+  o.deadline_ns = INT64_MAX;
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, nullptr, &res, &o), 0);
+  cxr_future *f = nullptr;
+  ASSERT_EQ(cxr_conn_call_async(c, kRemoteNoop, nullptr, &f, &o), 0);
+  EXPECT_EQ(cxr_future_wait(f, -1, &res), CXR_EINVAL);
+  EXPECT_EQ(cxr_future_wait(f, INT64_MAX, &res), 0);
+  EXPECT_EQ(cxr_future_cancel(f), CXR_EBUSY);
+  cxr_future_free(f);
+  // Freeing what is no result: ignored.
+  cxr_conn_free(c, outside);
+  cxr_conn_free(c, nullptr);
+  cxr_conn_free(c, args);  // a block of our own heap: freed there
+  EXPECT_EQ(cxr_conn_call(c, kRemoteNoop, nullptr, &res, nullptr), 0);
+  EXPECT_EQ(cxr_conn_seal_flush(c), 0);
+  cxr_conn_close(c);
+  EXPECT_EQ(server.stop(3000), 0);  // EOF on its stdin: it exits
 }
 
 // ---------------------------------------------------------------------------- rdma.h
