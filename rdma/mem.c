@@ -191,7 +191,8 @@ static int reg(cxr_rdma *r, void *p, size_t len, bool cached, bool pack, cxr_rdm
 
 int cxr_rdma_reg(cxr_rdma *r, void *p, size_t len, cxr_rdma_mr **mr) {
   if (mr) *mr = NULL;
-  if (r == NULL || p == NULL || len == 0 || mr == NULL) return CXR_EINVAL;
+  if (r == NULL || p == NULL || len == 0 || mr == NULL || len > UINTPTR_MAX - (uintptr_t)p)
+    return CXR_EINVAL;
   return reg(r, p, len, false, true, mr);
 }
 
@@ -204,7 +205,9 @@ static bool export_named_locked(const cxr_rdma *r, const char *name) {
 
 int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma_mr **mr) {
   if (mr) *mr = NULL;
-  if (r == NULL || name == NULL || !*name || p == NULL || len == 0 || mr == NULL)
+  /* A range that wraps would let hosts reading the export reach any address. */
+  if (r == NULL || name == NULL || !*name || p == NULL || len == 0 || mr == NULL ||
+      len > UINTPTR_MAX - (uintptr_t)p)
     return CXR_EINVAL;
   if (strlen(name) > EXPORT_NAME_MAX) return CXR_ENAMETOOLONG;
   pthread_mutex_lock(&r->lock);

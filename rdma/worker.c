@@ -359,11 +359,25 @@ void cxr_rdma_msg_keep(cxr_rdma_msg *m) {
 
 /* ---- sending ---- */
 
+/* Every iov entry names memory: no NULL base under a length, no range that wraps, and a
+ * total that fits a size_t. UCX would read such an entry, fail the send and end the
+ * connection (CXR_EPEERDEAD for every later call), so it is refused before. */
+static bool iov_ok(const struct iovec *iov, size_t niov) {
+  size_t total = 0;
+  for (size_t i = 0; i < niov; i++) {
+    uintptr_t b = (uintptr_t)iov[i].iov_base;
+    size_t n = iov[i].iov_len;
+    if (n && (b == 0 || n > UINTPTR_MAX - b || n > SIZE_MAX - total)) return false;
+    total += n;
+  }
+  return true;
+}
+
 /* Sends on `uep`, or when `ep` is given on its handle (taken only while posting). */
 static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsigned flags,
                    const void *hdr, size_t hlen, const struct iovec *iov, size_t niov,
                    int64_t deadline, bool wait, void *owned) {
-  if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && iov == NULL) ||
+  if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && (iov == NULL || !iov_ok(iov, niov))) ||
       (uep == NULL && ep == NULL)) {
     free(owned);
     return uep == NULL && ep == NULL ? CXR_ENOTCONN : CXR_EINVAL;

@@ -1070,6 +1070,8 @@ void am_check(cxr_rdma_msg *m, void *user) {
   MCHECK(cxr_rdma_reply(m, 21, h, 1025, nullptr, 0, 0) == CXR_EINVAL);
   MCHECK(cxr_rdma_reply(m, 21, nullptr, 1, nullptr, 0, 0) == CXR_EINVAL);
   MCHECK(cxr_rdma_reply(m, 21, h, 1, nullptr, 1, 0) == CXR_EINVAL);
+  struct iovec nb[1] = {{nullptr, 4}};
+  MCHECK(cxr_rdma_reply(m, 21, h, 1, nb, 1, 0) == CXR_EINVAL);
   MCHECK(cxr_rdma_reply(m, 21, h, 0, nullptr, 0, 0) == 0);
 #undef MCHECK
   mc->bad.store(bad);
@@ -1231,6 +1233,17 @@ TEST_F(Args, RdmaArgs) {
   EXPECT_EQ(cxr_rdma_am_post(ep, 20, nullptr, 1, nullptr, 0), CXR_EINVAL);
   EXPECT_EQ(cxr_rdma_am_post(ep, 20, buf, 1025, nullptr, 0), CXR_EINVAL);
   EXPECT_EQ(cxr_rdma_am_post(ep, 20, buf, 1, nullptr, 1), CXR_EINVAL);
+  struct iovec null_base[2] = {{buf, 8}, {nullptr, 8}};
+  EXPECT_EQ(cxr_rdma_am_send(ep, 22, buf, 1, null_base, 2, 0), CXR_EINVAL);
+  EXPECT_EQ(cxr_rdma_am_post(ep, 22, buf, 1, null_base, 2), CXR_EINVAL);
+  struct iovec huge[2] = {{buf, 8}, {buf, SIZE_MAX}};
+  EXPECT_EQ(cxr_rdma_am_send(ep, 22, buf, 1, huge, 2, 0), CXR_EINVAL);
+  EXPECT_EQ(cxr_rdma_am_post(ep, 22, buf, 1, huge, 2), CXR_EINVAL);
+  // Registrations of ranges that wrap around the address space.
+  mr = reinterpret_cast<cxr_rdma_mr *>(1);
+  EXPECT_EQ(cxr_rdma_reg(cli, buf, SIZE_MAX, &mr), CXR_EINVAL);
+  EXPECT_EQ(mr, nullptr);
+  EXPECT_EQ(cxr_rdma_export(cli, "wrap", buf, SIZE_MAX, &mr), CXR_EINVAL);
   // keys and one-sided ops
   rk = reinterpret_cast<cxr_rdma_rkey *>(1);
   EXPECT_EQ(cxr_rdma_rkey_get(ep, nullptr, &rk, &base, &len), CXR_EINVAL);
