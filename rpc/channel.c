@@ -143,7 +143,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
     b->version = CXR__VERSION;
     b->ring_slots = ring;
     b->slot = sc->index;
-    b->slots = (uint64_t)(uintptr_t)(b + 1);
+    b->slots = (uint64_t)(uintptr_t)cxr__conn_slots(b, sc->index);
     rc = cxr_heap_set_root(h, b);
     if (rc != 0) {
       cxr_heap_close(h);
@@ -152,8 +152,8 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
     }
     sc->heap = h;
     sc->blk = b;
-    cxr__conn_views(b, ring, &sc->req, &sc->resp);
-    sc->cancel = cxr__conn_cancels(b, ring);
+    cxr__conn_views(b, ring, sc->index, &sc->req, &sc->resp);
+    sc->cancel = cxr__conn_cancels(b, ring, sc->index);
     cxr_heap_stats st;
     sc->baseline_used = cxr_heap_stats(h, &st) == 0 ? st.used : 0;
     snprintf(s->heap, sizeof s->heap, "%s", name);

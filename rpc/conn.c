@@ -332,13 +332,13 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   if (cxr_heap_get_root(c->heap) != b ||
       !cxr__block_ok(c->heap, b, cxr__conn_block_size(ring), _Alignof(cxr__conn_block)) ||
       b->magic != CXR__CONN_MAGIC || b->version != CXR__VERSION || b->ring_slots != ring ||
-      b->slot != (uint32_t)k || b->gen != c->gen || b->slots != (uint64_t)(uintptr_t)(b + 1)) {
+      b->slot != (uint32_t)k || b->gen != c->gen || b->slots != (uint64_t)(uintptr_t)cxr__conn_slots(b, (unsigned)k)) {
     rc = CXR_ECORRUPT;
     goto fail;
   }
   c->blk = b;
-  cxr__conn_views(b, ring, &c->req, &c->resp);
-  c->cancel = cxr__conn_cancels(b, ring);
+  cxr__conn_views(b, ring, (unsigned)k, &c->req, &c->resp);
+  c->cancel = cxr__conn_cancels(b, ring, (unsigned)k);
   c->server = (cxr__proc_id){.pid = cb->server_pid, .start_time = cb->server_start,
                              .host = cb->server_host};
   if ((rc = cxr__conn_table_init(c, ring)) != 0) goto fail;
