@@ -1,7 +1,8 @@
 /*
  * rpc_bench: the rpc layer against its floors, measured in one run on this machine.
  *   raw floor    two processes bouncing a flag in shared memory (busy polling): one word,
- *                and a ping word with a pong word; each round's floor is the faster
+ *                a ping word with a pong word (both waiting with pause), and one word
+ *                spinning without pause; each round's floor is the fastest
  *   unix socket  64-byte ping-pong over a socketpair between two processes (blocking)
  *   rpc          a no-op call round trip (one client thread; also with 32 idle connections
  *                polled before the caller's), calls/s with 1 and 2 client
@@ -13,6 +14,7 @@
  *                the server, how much the client's bookkeeping.
  * Usage: rpc_bench [seconds per throughput run, default 1]
  *        rpc_bench --rtt    (the floor, the round trip and the rings alone only)
+ *        RPC_BENCH_ROUNDS=1 prints each round's trimmed means on stderr
  * Heaps live under a fresh CXRPC_ROOT on /dev/shm (tmpfs: emulated CXL memory).
  */
 #include <errno.h>
@@ -65,8 +67,11 @@ static double trimmed_mean(int64_t *v, int n) {
  * one_word: a single word bounced (this side writes odd values, the other even ones), so
  * one cache line carries the request and the answer; otherwise a ping word and a pong word
  * on two lines, as a request ring and a response ring are. Each round takes the faster of
- * the two as its floor (on the development VM the single word, by 20-30 %). */
-static void raw_floor(int n, int64_t *lat, bool one_word) {
+ * the two as its floor (on the development VM the single word, by 20-30 %). pause: the
+ * loops wait with the x86 pause instruction, as cxrpc's do; without it the loops spin on
+ * the load alone, which on the AMD VM of 2026-11-23 bounced ~10 % faster in the usual
+ * placement (a pause took ~25 ns there), so the faster of all is the floor. */
+static void raw_floor(int n, int64_t *lat, bool one_word, bool pause) {
   _Atomic uint64_t *w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   _Atomic uint64_t *ping = &w[0], *pong = one_word ? &w[0] : &w[64 / 8];
   uint64_t odd = one_word ? 1 : 0; /* round i asks 2i - odd and is answered with 2i */
@@ -75,7 +80,8 @@ static void raw_floor(int n, int64_t *lat, bool one_word) {
   pid_t pid = fork();
   if (pid == 0) {
     for (uint64_t i = 1; i <= (uint64_t)n + 1000; i++) {
-      while (atomic_load_explicit(ping, memory_order_acquire) != 2 * i - odd) __builtin_ia32_pause();
+      while (atomic_load_explicit(ping, memory_order_acquire) != 2 * i - odd)
+        if (pause) __builtin_ia32_pause();
       atomic_store_explicit(pong, 2 * i, memory_order_release);
     }
     _exit(0);
@@ -83,7 +89,8 @@ static void raw_floor(int n, int64_t *lat, bool one_word) {
   for (uint64_t i = 1; i <= (uint64_t)n + 1000; i++) {
     int64_t t0 = cxr_now_ns();
     atomic_store_explicit(ping, 2 * i - odd, memory_order_release);
-    while (atomic_load_explicit(pong, memory_order_acquire) != 2 * i) __builtin_ia32_pause();
+    while (atomic_load_explicit(pong, memory_order_acquire) != 2 * i)
+      if (pause) __builtin_ia32_pause();
     if (i > 1000) lat[i - 1001] = cxr_now_ns() - t0;
   }
   waitpid(pid, NULL, 0);
@@ -337,34 +344,46 @@ int main(int argc, char **argv) {
   int64_t *fl = malloc(sizeof(int64_t) * ROUNDS * PER), *rl = malloc(sizeof(int64_t) * ROUNDS * PER);
   int64_t *gl = malloc(sizeof(int64_t) * ROUNDS * PER);
   int64_t *f2 = malloc(sizeof(int64_t) * ROUNDS * PER);
+  int64_t *f3 = malloc(sizeof(int64_t) * ROUNDS * PER);
   /* Per round, against that round's floor (trimmed means, x1000): the call, the rings
    * alone, each floor variant, and the call against the two-word floor. */
-  int64_t ratio[ROUNDS], gratio[ROUNDS], r1[ROUNDS], r2[ROUNDS], cratio2[ROUNDS];
+  int64_t ratio[ROUNDS], gratio[ROUNDS], r1[ROUNDS], r2[ROUNDS], r3[ROUNDS], cratio2[ROUNDS];
+  bool show_rounds = getenv("RPC_BENCH_ROUNDS") != NULL;
   for (int r = 0; r < ROUNDS; r++) {
     int64_t *one = fl + r * PER, *two = f2 + r * PER, *call = rl + r * PER, *ring = gl + r * PER;
-    raw_floor(PER, one, true);
-    raw_floor(PER, two, false);
+    int64_t *spin = f3 + r * PER;
+    raw_floor(PER, one, true, true);
+    raw_floor(PER, two, false, true);
+    raw_floor(PER, spin, true, false);
     rpc_rtt(c, PER, call);
     rings_rtt(c, PER, ring);
-    int64_t *all[] = {one, two, call, ring};
-    double m[4];
-    for (int k = 0; k < 4; k++) m[k] = trimmed_mean(all[k], PER);
+    int64_t *all[] = {one, two, call, ring, spin};
+    double m[5];
+    for (int k = 0; k < 5; k++) m[k] = trimmed_mean(all[k], PER);
     double floor_mean = m[0] < m[1] ? m[0] : m[1];
+    if (m[4] < floor_mean) floor_mean = m[4];
     if (floor_mean <= 0) floor_mean = 1;
     r1[r] = (int64_t)(m[0] * 1000 / floor_mean);
     r2[r] = (int64_t)(m[1] * 1000 / floor_mean);
+    r3[r] = (int64_t)(m[4] * 1000 / floor_mean);
     ratio[r] = (int64_t)(m[2] * 1000 / floor_mean);
     gratio[r] = (int64_t)(m[3] * 1000 / floor_mean);
     cratio2[r] = m[1] > 0 ? (int64_t)(m[2] * 1000 / m[1]) : 0;
+    if (show_rounds)
+      fprintf(stderr, "round %d (trimmed means, ns): one word %.1f, two words %.1f, one word "
+              "without pause %.1f, call %.1f, rings alone %.1f\n", r, m[0], m[1], m[4], m[2], m[3]);
   }
   stats raw1 = summarize(fl, ROUNDS * PER), raw2 = summarize(f2, ROUNDS * PER);
+  stats raw3 = summarize(f3, ROUNDS * PER);
   stats rtt = summarize(rl, ROUNDS * PER), rings = summarize(gl, ROUNDS * PER);
-  int64_t *per[] = {ratio, gratio, r1, r2, cratio2};
-  for (int k = 0; k < 5; k++) qsort(per[k], ROUNDS, sizeof(int64_t), cmp_i64);
+  int64_t *per[] = {ratio, gratio, r1, r2, r3, cratio2};
+  for (int k = 0; k < 6; k++) qsort(per[k], ROUNDS, sizeof(int64_t), cmp_i64);
   double rtt_ratio = ratio[ROUNDS / 2] / 1000.0, best_ratio = ratio[0] / 1000.0;
   double rings_ratio = gratio[ROUNDS / 2] / 1000.0, two_word_ratio = cratio2[ROUNDS / 2] / 1000.0;
   double raw1_ratio = r1[ROUNDS / 2] / 1000.0, raw2_ratio = r2[ROUNDS / 2] / 1000.0;
+  double raw3_ratio = r3[ROUNDS / 2] / 1000.0;
   free(fl);
+  free(f3);
   free(f2);
   free(rl);
   free(gl);
@@ -399,12 +418,15 @@ int main(int argc, char **argv) {
     while (nid < IDLE && (idle[nid] = connect_retry(name)) != NULL) nid++;
     cxr_conn *last = nid == IDLE ? connect_retry(name) : NULL;
     if (last != NULL) {
-      static int64_t f[PER], f2[PER], l[PER];
-      raw_floor(PER, f, true);
-      raw_floor(PER, f2, false);
+      static int64_t f[PER], f2[PER], f3[PER], l[PER];
+      raw_floor(PER, f, true, true);
+      raw_floor(PER, f2, false, true);
+      raw_floor(PER, f3, true, false);
       rpc_rtt(last, PER, l);
       double fmean = trimmed_mean(f, PER), fmean2 = trimmed_mean(f2, PER);
+      double fmean3 = trimmed_mean(f3, PER);
       if (fmean2 < fmean) fmean = fmean2;
+      if (fmean3 < fmean) fmean = fmean3;
       idle_rtt = summarize(l, PER);
       idle_ratio = fmean > 0 ? trimmed_mean(l, PER) / fmean : 0;
       cxr_conn_close(last);
@@ -427,8 +449,10 @@ int main(int argc, char **argv) {
          raw1.median_us, raw1.p99_us, raw1_ratio);
   printf("%-44s %12.3f %12.3f %10.2f\n", "raw floor: ping word and pong word", raw2.median_us,
          raw2.p99_us, raw2_ratio);
+  printf("%-44s %12.3f %12.3f %10.2f\n", "raw floor: one word, spinning without pause",
+         raw3.median_us, raw3.p99_us, raw3_ratio);
   printf("  (x floor, in every row: the median over %d alternating rounds of the ratio of trimmed\n"
-         "   means against that round's faster floor; trimmed means resolve what the clock's\n"
+         "   means against that round's fastest floor; trimmed means resolve what the clock's\n"
          "   10 ns steps hide from medians)\n", ROUNDS);
   if (!rtt_only)
     printf("%-44s %12.3f %12.3f %10.2f\n", "unix socket ping-pong, 64 B", uds.median_us,
