@@ -232,6 +232,7 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
     if (start == 0) {
       start = now;
       cxr__wait_windows(&tl_wait, start, &spin, &yield_ns);
+      cxr__wait_spin_start(&tl_wait, now);
     }
     if (now >= f->deadline) {
       if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
@@ -241,10 +242,11 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
     if (now >= until) return CXR_EAGAIN;
     int64_t idle = now - start;
     if (idle < spin) {
+      cxr__wait_tick(&tl_wait, now);
       cxr__cpu_relax();
       continue;
     }
-    if (!checked && spin > 0) { /* the spin window ran out: were we preempted meanwhile? */
+    if (!checked && spin > 0) { /* the spin window ran out: was our spinning off the CPU? */
       checked = true;
       if (cxr__wait_contended(&tl_wait, now)) yield_ns = 0;
     }

@@ -168,19 +168,29 @@ static inline void cxr__cpu_relax(void) {
 void cxr__process_barrier(void);
 
 /* Per-thread waiting policy (CXRPC_WAIT=adaptive|spin|block, default adaptive). Spinning
- * pays while the peer has a CPU. With "adaptive", a thread preempted during a spin window (more
- * runnable threads than CPUs: spinning and yielding only delay the peer) sleeps at once for
- * the next 50 ms, then probes spinning again. The signal is the thread's involuntary
- * context switches (getrusage), read only when a spin window runs out, never on the fast
- * path. "block" always sleeps at once. */
+ * pays while the peer has a CPU. With "adaptive", a thread that spent a quarter or more of
+ * its recent spinning off the CPU (more runnable threads than CPUs: spinning and yielding
+ * only delay the peer) sleeps at once for the next 50 ms, then probes spinning again. The
+ * signal comes from the clock reads the spin loops make anyway (every 16 polls, ~0.5 us
+ * apart): a gap above 20 us and 16 usual ones between two of them is time the thread did
+ * not run. It is judged when a spin window runs out, never on the fast path. (Before
+ * 2026-11-23 any involuntary context switch since the last check counted: on a VM whose
+ * spinning threads are preempted ~100 times a second by light background work, that kept
+ * a kv client asleep most of the time, at a third of the calls/s of spinning.) "block"
+ * always sleeps at once. */
 typedef struct cxr__waitpol {
   int64_t block_until;   /* 0: spinning allowed */
-  uint64_t preempt;      /* involuntary switches at the last check */
+  int64_t last;          /* clock at the last tick of the current spin; 0: not spinning */
+  int64_t spun, off;     /* recent spinning seen between ticks, and the gaps in it (ns) */
+  int64_t tick;          /* the usual time between two ticks (ns) */
 } cxr__waitpol;
 /* The spin and yield windows for a wait starting now. */
 void cxr__wait_windows(cxr__waitpol *p, int64_t now, int64_t *spin, int64_t *yield);
-/* Called when the spin window ran out: true (and block from now on, for a while) if the
- * thread was preempted since the last check. */
+/* A spin starts (now: a clock read), and each later clock read while it lasts. */
+static inline void cxr__wait_spin_start(cxr__waitpol *p, int64_t now) { p->last = now; }
+void cxr__wait_tick(cxr__waitpol *p, int64_t now);
+/* Called when the spin window ran out (it ends the spin): true (and block from now on, for
+ * a while) if the thread's recent spinning was off the CPU a quarter of the time or more. */
 bool cxr__wait_contended(cxr__waitpol *p, int64_t now);
 /* CLOCK_MONOTONIC_COARSE: a few ns instead of ~25, at most one tick (1-4 ms) behind
  * cxr_now_ns(). "coarse > deadline" therefore still means the deadline passed. */

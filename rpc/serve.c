@@ -277,7 +277,7 @@ void *cxr__worker_main(void *arg) {
   watch_list wl = {.members = __atomic_load_n(&ch->members, __ATOMIC_ACQUIRE) - 1};
   if (ch->o.workers == 1 && (wl.w = calloc(ch->o.max_conns, sizeof *wl.w)) == NULL)
     CXR_WARN("channel %s: no memory for the watch list; walking the connections", ch->name);
-  cxr__waitpol pol = {0, 0};
+  cxr__waitpol pol = {0};
   int64_t base_spin, yield_ns;
   cxr__wait_windows(&pol, cxr_now_ns(), &base_spin, &yield_ns);
   int64_t spin = base_spin, last = cxr_now_ns();
@@ -298,14 +298,16 @@ void *cxr__worker_main(void *arg) {
     if (empty == 1) {
       last = cxr_now_ns();
       checked = false;
+      cxr__wait_spin_start(&pol, last);
     }
     int64_t now = cxr_now_ns(), idle = now - last;
     tl_now = now;
     if (idle < spin) {
+      cxr__wait_tick(&pol, now);
       cxr__cpu_relax();
       continue;
     }
-    if (!checked && spin > 0) { /* the window ran out: preempted meanwhile? then block */
+    if (!checked && spin > 0) { /* the window ran out: spinning off the CPU? then block */
       checked = true;
       if (cxr__wait_contended(&pol, now)) yield_ns = 0;
     }

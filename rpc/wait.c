@@ -10,7 +10,6 @@
 #include <linux/membarrier.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -93,13 +92,32 @@ void cxr__process_barrier(void) {
   }
 }
 
-/* Involuntary context switches of this thread so far (RUSAGE_THREAD). */
-static uint64_t preemptions(void) {
-  struct rusage ru;
-  return getrusage(RUSAGE_THREAD, &ru) == 0 ? (uint64_t)ru.ru_nivcsw : 0;
-}
-
 #define BLOCK_NS 50000000 /* how long a thread blocks at once after seeing contention */
+#define GAP_NS 20000      /* a gap between two spin ticks this long (and 16 typical ones) */
+#define JUDGE_NS 10000000 /* spinning seen before a verdict */
+#define WINDOW_NS 200000000 /* the sums halve past this: recent spinning weighs most */
+
+void cxr__wait_tick(cxr__waitpol *p, int64_t now) {
+  if (p->last == 0) return;
+  int64_t d = now - p->last;
+  p->last = now;
+  if (d <= 0) return;
+  p->spun += d;
+  /* Off the CPU: far longer than the usual tick (~0.5 us here; slower builds such as TSan's
+   * and slower machines tick slower, which is no gap). The usual tick is a running average
+   * of the ticks that were not gaps. */
+  if (p->tick == 0) p->tick = d < GAP_NS ? d : GAP_NS;
+  if (d > GAP_NS && d > 16 * p->tick) {
+    p->off += d;
+  } else {
+    p->tick += (d - p->tick) / 16;
+    if (p->tick <= 0) p->tick = 1;
+  }
+  if (p->spun > WINDOW_NS) {
+    p->spun /= 2;
+    p->off /= 2;
+  }
+}
 
 /* CXRPC_WAIT: "adaptive" (default: spin, yield, then sleep; but after being preempted
  * during a spin window, sleep at once for a while), "spin" (never give up spinning early),
@@ -126,19 +144,21 @@ void cxr__wait_windows(cxr__waitpol *p, int64_t now, int64_t *spin, int64_t *yie
       *spin = *yield = 0;
       return;
     }
-    p->block_until = 0; /* probe: spin again, starting a fresh preemption count */
-    p->preempt = preemptions();
+    p->block_until = 0; /* probe: spin again; the halved sums decide after a few ms of it */
   }
   *spin = cxr__spin_ns();
   *yield = cxr__yield_ns();
 }
 
 bool cxr__wait_contended(cxr__waitpol *p, int64_t now) {
+  p->last = 0;
   if (wait_mode() != WAIT_ADAPTIVE) return false;
   if (cxr__spin_ns() == 0 || p->block_until != 0) return p->block_until != 0;
-  uint64_t n = preemptions();
-  bool contended = n != p->preempt;
-  p->preempt = n;
-  if (contended) p->block_until = now + BLOCK_NS;
+  bool contended = p->spun >= JUDGE_NS && p->off * 4 >= p->spun;
+  if (contended) {
+    p->block_until = now + BLOCK_NS;
+    p->spun /= 2; /* the probe after the block needs less new evidence to change the verdict */
+    p->off /= 2;
+  }
   return contended;
 }
