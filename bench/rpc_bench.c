@@ -14,6 +14,7 @@
  *                the server, how much the client's bookkeeping.
  * Usage: rpc_bench [seconds per throughput run, default 1]
  *        rpc_bench --rtt    (the floor, the round trip and the rings alone only)
+ *        rpc_bench --idle   (the round trip behind 32 idle connections only)
  *        RPC_BENCH_ROUNDS=1 prints each round's trimmed means on stderr
  * Heaps live under a fresh CXRPC_ROOT on /dev/shm (tmpfs: emulated CXL memory).
  */
@@ -95,6 +96,19 @@ static void raw_floor(int n, int64_t *lat, bool one_word, bool pause) {
   }
   waitpid(pid, NULL, 0);
   munmap((void *)w, 4096);
+}
+
+/* One round of the three floors (n samples each into one, two and spin); their trimmed means
+ * go to mean[0..2]. Returns the fastest, the round's floor. */
+static double floors(int n, int64_t *one, int64_t *two, int64_t *spin, double mean[3]) {
+  raw_floor(n, one, true, true);
+  raw_floor(n, two, false, true);
+  raw_floor(n, spin, true, false);
+  mean[0] = trimmed_mean(one, n);
+  mean[1] = trimmed_mean(two, n);
+  mean[2] = trimmed_mean(spin, n);
+  double f = mean[0] < mean[1] ? mean[0] : mean[1];
+  return mean[2] < f ? mean[2] : f;
 }
 
 /* ---- unix socket ping-pong ---- */
@@ -297,6 +311,42 @@ static stats connect_time(const char *name, int n, stats *close_s) {
   return s;
 }
 
+/* The round trip of a connection opened after IDLE idle ones, which a worker looks at on
+ * every pass (see docs/rpc.md, "Idle connections cost the busy one"): `rounds` alternating
+ * rounds of the floors and `per` calls. Returns the median over the rounds of the call's
+ * trimmed mean against that round's fastest floor (0 when the connections could not be
+ * opened); *out gets the calls' median and p99. */
+enum { IDLE = 32 };
+static double idle_rounds(const char *name, int rounds, int per, stats *out) {
+  cxr_conn *idle[IDLE], *last = NULL;
+  int nid = 0;
+  while (nid < IDLE && (idle[nid] = connect_retry(name)) != NULL) nid++;
+  if (nid == IDLE) last = connect_retry(name);
+  double ratio = 0;
+  if (last != NULL) {
+    int64_t r[16];
+    if (rounds > 16) rounds = 16;
+    int64_t *f = malloc(sizeof(int64_t) * (size_t)per * 3);
+    int64_t *l = malloc(sizeof(int64_t) * (size_t)per * (size_t)rounds);
+    for (int k = 0; k < rounds; k++) {
+      int64_t *calls = l + (size_t)k * (size_t)per;
+      double fm[3], fmean = floors(per, f, f + per, f + 2 * per, fm);
+      rpc_rtt(last, per, calls);
+      r[k] = fmean > 0 ? (int64_t)(trimmed_mean(calls, per) * 1000 / fmean) : 0;
+    }
+    qsort(r, (size_t)rounds, sizeof *r, cmp_i64);
+    ratio = r[rounds / 2] / 1000.0;
+    *out = summarize(l, per * rounds);
+    free(f);
+    free(l);
+    cxr_conn_close(last);
+  } else {
+    fprintf(stderr, "rpc_bench: could not open %d idle connections\n", IDLE);
+  }
+  for (int i = 0; i < nid; i++) cxr_conn_close(idle[i]);
+  return ratio;
+}
+
 static double cpu_seconds(pid_t pid) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -310,6 +360,16 @@ static double cpu_seconds(pid_t pid) {
   if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
     return -1;
   return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* Closes the bench's connection, stops its server and removes its heaps. */
+static void finish(cxr_conn *c, pid_t srv, const char *root) {
+  cxr_conn_close(c);
+  kill(srv, SIGTERM);
+  waitpid(srv, NULL, 0);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+  if (system(cmd) != 0) fprintf(stderr, "rpc_bench: could not remove %s\n", root);
 }
 
 int main(int argc, char **argv) {
@@ -327,7 +387,9 @@ int main(int argc, char **argv) {
   setenv("CXRPC_WAIT", getenv("CXRPC_WAIT") ? getenv("CXRPC_WAIT") : "spin", 1);
   /* --rtt: only the floor and the round trip (quick runs while tuning). */
   bool rtt_only = argc > 1 && strcmp(argv[1], "--rtt") == 0;
-  stats uds = rtt_only ? (stats){1, 1} : unix_pingpong(50000);
+  /* --idle: only the round trip behind idle connections. */
+  bool idle_only = argc > 1 && strcmp(argv[1], "--idle") == 0;
+  stats uds = rtt_only || idle_only ? (stats){1, 1} : unix_pingpong(50000);
 
   char name[32];
   snprintf(name, sizeof name, "bench%d", (int)getpid());
@@ -337,6 +399,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "rpc_bench: cannot connect to the server\n");
     kill(srv, SIGKILL);
     return 1;
+  }
+  if (idle_only) {
+    stats st = {0, 0};
+    double x = idle_rounds(name, 7, 30000, &st);
+    finish(c, srv, root);
+    printf("%-44s %12s %12s %10s\n", "round trip", "median us", "p99 us", "x floor");
+    printf("%-44s %12.3f %12.3f %10.2f\n", "cxrpc no-op call, 32 idle connections first",
+           st.median_us, st.p99_us, x);
+    return x > 0 ? 0 : 1;
   }
   /* The machine is shared and its vCPUs move: the floor and the call are measured in
    * alternating rounds, and each round's ratio compares like with like. */
@@ -352,26 +423,21 @@ int main(int argc, char **argv) {
   for (int r = 0; r < ROUNDS; r++) {
     int64_t *one = fl + r * PER, *two = f2 + r * PER, *call = rl + r * PER, *ring = gl + r * PER;
     int64_t *spin = f3 + r * PER;
-    raw_floor(PER, one, true, true);
-    raw_floor(PER, two, false, true);
-    raw_floor(PER, spin, true, false);
+    double fm[3], floor_mean = floors(PER, one, two, spin, fm);
     rpc_rtt(c, PER, call);
     rings_rtt(c, PER, ring);
-    int64_t *all[] = {one, two, call, ring, spin};
-    double m[5];
-    for (int k = 0; k < 5; k++) m[k] = trimmed_mean(all[k], PER);
-    double floor_mean = m[0] < m[1] ? m[0] : m[1];
-    if (m[4] < floor_mean) floor_mean = m[4];
+    double mcall = trimmed_mean(call, PER), mring = trimmed_mean(ring, PER);
     if (floor_mean <= 0) floor_mean = 1;
-    r1[r] = (int64_t)(m[0] * 1000 / floor_mean);
-    r2[r] = (int64_t)(m[1] * 1000 / floor_mean);
-    r3[r] = (int64_t)(m[4] * 1000 / floor_mean);
-    ratio[r] = (int64_t)(m[2] * 1000 / floor_mean);
-    gratio[r] = (int64_t)(m[3] * 1000 / floor_mean);
-    cratio2[r] = m[1] > 0 ? (int64_t)(m[2] * 1000 / m[1]) : 0;
+    r1[r] = (int64_t)(fm[0] * 1000 / floor_mean);
+    r2[r] = (int64_t)(fm[1] * 1000 / floor_mean);
+    r3[r] = (int64_t)(fm[2] * 1000 / floor_mean);
+    ratio[r] = (int64_t)(mcall * 1000 / floor_mean);
+    gratio[r] = (int64_t)(mring * 1000 / floor_mean);
+    cratio2[r] = fm[1] > 0 ? (int64_t)(mcall * 1000 / fm[1]) : 0;
     if (show_rounds)
       fprintf(stderr, "round %d (trimmed means, ns): one word %.1f, two words %.1f, one word "
-              "without pause %.1f, call %.1f, rings alone %.1f\n", r, m[0], m[1], m[4], m[2], m[3]);
+              "without pause %.1f, call %.1f, rings alone %.1f\n", r, fm[0], fm[1], fm[2], mcall,
+              mring);
   }
   stats raw1 = summarize(fl, ROUNDS * PER), raw2 = summarize(f2, ROUNDS * PER);
   stats raw3 = summarize(f3, ROUNDS * PER);
@@ -406,41 +472,12 @@ int main(int argc, char **argv) {
     sleep(3);
     idle_pct = (cpu_seconds(srv) - cpu0) / ((cxr_now_ns() - w0) / 1e9) * 100.0;
   }
-  /* Many idle clients: the caller's connection comes after IDLE idle ones, which the worker
-   * looks at on every pass (see docs/rpc.md, "Idle connections cost the busy one"). Last:
-   * recycling their slots would disturb the connect and idle measurements. */
-  enum { IDLE = 32 };
+  /* Many idle clients: last, as recycling their slots would disturb the connect and idle
+   * measurements. */
   stats idle_rtt = {0, 0};
   double idle_ratio = 0;
-  if (!rtt_only) {
-    cxr_conn *idle[IDLE];
-    int nid = 0;
-    while (nid < IDLE && (idle[nid] = connect_retry(name)) != NULL) nid++;
-    cxr_conn *last = nid == IDLE ? connect_retry(name) : NULL;
-    if (last != NULL) {
-      static int64_t f[PER], f2[PER], f3[PER], l[PER];
-      raw_floor(PER, f, true, true);
-      raw_floor(PER, f2, false, true);
-      raw_floor(PER, f3, true, false);
-      rpc_rtt(last, PER, l);
-      double fmean = trimmed_mean(f, PER), fmean2 = trimmed_mean(f2, PER);
-      double fmean3 = trimmed_mean(f3, PER);
-      if (fmean2 < fmean) fmean = fmean2;
-      if (fmean3 < fmean) fmean = fmean3;
-      idle_rtt = summarize(l, PER);
-      idle_ratio = fmean > 0 ? trimmed_mean(l, PER) / fmean : 0;
-      cxr_conn_close(last);
-    } else {
-      fprintf(stderr, "rpc_bench: could not open %d idle connections\n", IDLE);
-    }
-    for (int i = 0; i < nid; i++) cxr_conn_close(idle[i]);
-  }
-  cxr_conn_close(c);
-  kill(srv, SIGTERM);
-  waitpid(srv, NULL, 0);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-  if (system(cmd) != 0) fprintf(stderr, "rpc_bench: could not remove %s\n", root);
+  if (!rtt_only) idle_ratio = idle_rounds(name, ROUNDS, PER, &idle_rtt);
+  finish(c, srv, root);
 
   printf("rpc_bench: %ld CPUs, heaps on tmpfs (%s), server with 1 worker, CXRPC_WAIT=%s\n",
          sysconf(_SC_NPROCESSORS_ONLN), root, getenv("CXRPC_WAIT"));
@@ -467,7 +504,7 @@ int main(int argc, char **argv) {
   if (rtt_only) return 0; /* the rest was not measured */
   printf("%-44s %12.3f %12.3f %10.2f\n", "cxrpc no-op call, 32 idle connections first",
          idle_rtt.median_us, idle_rtt.p99_us, idle_ratio);
-  printf("  (x floor from trimmed means, against a floor measured just before)\n");
+  printf("  (x floor: the median over %d alternating rounds, as above)\n", ROUNDS);
   printf("%-44s %12.3f %12.3f\n", "cxrpc connect (from the ready pool)", con.median_us, con.p99_us);
   printf("%-44s %12.3f %12.3f\n", "cxrpc close", cl.median_us, cl.p99_us);
   printf("%-44s %12s\n", "throughput (best of 3 runs)", "calls/s");

@@ -148,9 +148,9 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   hello_rep rep = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .token = rq.token,
                    .waddr_len = (uint32_t)walen, .nexps = (uint32_t)n};
   struct iovec iov = {buf, off};
-  int rc = cxr__rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, 0);
+  /* buf goes with the reply: UCX may read it after a reply given up at its deadline. */
+  int rc = cxr__rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, buf, 0);
   if (rc) CXR_DEBUG("rdma: hello reply failed: %s", cxr_strerror(rc));
-  free(buf);
 }
 
 /* Inline (inside UCX's callback): copy the answer to its waiter. */
@@ -475,6 +475,7 @@ int cxr_rdma_connect(cxr_rdma *r, const char *hostport, int64_t deadline_ns,
   if (out) *out = NULL;
   if (r == NULL || hostport == NULL || out == NULL) return CXR_EINVAL;
   if (strlen(hostport) >= HOSTKEY_MAX) return CXR_ENAMETOOLONG;
+  if (cxr__rdma_copy(r)) return CXR_ECLOSED;
   int64_t deadline = cxr__deadline(deadline_ns);
   cxr_rdma_ep *ep = warm(r, hostport);
   if (ep) {
@@ -492,13 +493,14 @@ int cxr_rdma_connect(cxr_rdma *r, const char *hostport, int64_t deadline_ns,
 
 int cxr_rdma_refresh(cxr_rdma_ep *ep, int64_t deadline_ns) {
   if (ep == NULL || ep->server_side) return CXR_EINVAL;
+  if (cxr__rdma_copy(ep->r)) return CXR_ECLOSED;
   int st = atomic_load(&ep->status);
   if (st) return st;
   return hello(ep, cxr__deadline(deadline_ns));
 }
 
 void cxr_rdma_forget(cxr_rdma *r, const char *hostport) {
-  if (r == NULL || hostport == NULL) return;
+  if (r == NULL || hostport == NULL || cxr__rdma_copy(r)) return;
   cxr_rdma_ep *drop[POOL_MAX];
   unsigned n = 0;
   pthread_mutex_lock(&r->lock);
@@ -593,12 +595,14 @@ void cxr__ep_drop(cxr_rdma_ep *ep) {
 }
 
 int cxr_rdma_ep_status(const cxr_rdma_ep *ep) {
-  return ep ? atomic_load((_Atomic int *)&ep->status) : CXR_EINVAL;
+  if (ep == NULL) return CXR_EINVAL;
+  return cxr__rdma_copy(ep->r) ? CXR_ECLOSED : atomic_load((_Atomic int *)&ep->status);
 }
 const char *cxr_rdma_ep_host(const cxr_rdma_ep *ep) { return ep ? ep->host : ""; }
 
 int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *, int, void *), void *user) {
   if (ep == NULL) return CXR_EINVAL;
+  if (cxr__rdma_copy(ep->r)) return CXR_ECLOSED;
   /* Set from any thread while the progress thread may be failing the endpoint: the user
    * pointer first, published by the function pointer. */
   __atomic_store_n(&ep->on_err_user, user, __ATOMIC_RELAXED);
@@ -616,6 +620,7 @@ int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *, int, void *)
  * CXR_ECANCELED (or their deadline), and UCX touches none of their buffers afterwards. */
 
 int cxr__ep_use(cxr_rdma_ep *ep, ucp_ep_h *uep) {
+  if (cxr__rdma_copy(ep->r)) return CXR_ECLOSED; /* every post, whoever asks */
   int st = atomic_load(&ep->status);
   if (st) return st;
   pthread_rwlock_rdlock(&ep->ulock);
@@ -816,7 +821,7 @@ void cxr__ep_force_close(cxr_rdma_ep *ep) {
 }
 
 void cxr_rdma_ep_close(cxr_rdma_ep *ep) {
-  if (ep == NULL) return;
+  if (ep == NULL || cxr__rdma_copy(ep->r)) return;
   ep_destroy(ep);
 }
 

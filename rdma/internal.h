@@ -118,8 +118,17 @@ typedef struct rdma_defer {
   void *user;
 } rdma_defer;
 
+/* Bumped in every child made by fork(2), by a hook the first cxr_rdma_open installs. UCX is
+ * not fork-safe: in a child, an engine opened under an older epoch is the parent's copy,
+ * whose sockets are the parent's and whose threads are not there. Each public call refuses
+ * such a copy (CXR_ECLOSED; the calls that return nothing do nothing), before it takes a
+ * lock the parent may have held or touches UCX: a child's put on it once reset the parent's
+ * connection and aborted the parent (tests/rdma/rdma_test). cxr_rdma_open refuses too once
+ * the epoch moved: a new engine in such a child does not work. */
+extern _Atomic unsigned cxr__rdma_fork_epoch;
+
 struct cxr_rdma {
-  pid_t owner;            /* the process that opened it (a fork child's copy is not its own) */
+  unsigned epoch;         /* cxr__rdma_fork_epoch when opened (a fork child's copy is older) */
   ucp_context_h ctx;
   ucp_worker_h worker;
   ucp_listener_h listener;
@@ -162,6 +171,11 @@ struct cxr_rdma {
   size_t bounce_size;
 };
 
+/* In a child made by fork(2): r is the parent's copy (see cxr__rdma_fork_epoch). */
+static inline bool cxr__rdma_copy(const cxr_rdma *r) {
+  return r->epoch != atomic_load_explicit(&cxr__rdma_fork_epoch, memory_order_relaxed);
+}
+
 /* The directory's entry for a host ("ADDR:PORT", one entry per key), or NULL. Hold r->lock. */
 static inline rdma_host *cxr__host_find(cxr_rdma *r, const char *key) {
   rdma_host *h = r->hosts;
@@ -176,7 +190,7 @@ typedef struct rdma_op {
   atomic_int state;   /* 0 pending, 1 done, 2 abandoned by the waiter */
   ucs_status_t status;
   uint64_t value;     /* atomics: compare/swap operand in, old value out */
-  void *hdr_copy;     /* freed with the op */
+  void *hdr_copy;     /* the header, then a send's iov array (niov > 1); freed with the op */
   void *owned;        /* caller's buffer handed over with the send, freed with the op */
   atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops) */
   cxr_rdma *keep;     /* set: ended with an error, the op is parked on keep->graves, not freed */
@@ -203,13 +217,12 @@ static inline ucp_request_param_t cxr__op_param(rdma_op *op) {
 int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline_ns);
 int64_t cxr__deadline(int64_t deadline_ns);
 void cxr__wake(cxr_rdma *r);
-/* cxr_rdma_reply for any id 1-255: the engine's own replies (ids below 16) go through it. */
+/* cxr_rdma_reply for any id 1-255: the engine's own replies (ids below 16) go through it.
+ * `owned` (malloc'd, or NULL; may hold data iov points to) is freed once UCX no longer needs
+ * it, also when the wait gives up at the deadline or the reply fails. */
 int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
-                    const struct iovec *iov, size_t niov, int64_t deadline_ns);
-int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
-                 size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline_ns,
-                 bool wait);
-/* The same on an endpoint that other threads may end meanwhile: its status if it failed. */
+                    const struct iovec *iov, size_t niov, void *owned, int64_t deadline_ns);
+/* Sends on an endpoint that other threads may end meanwhile: its status if it failed. */
 int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, int64_t deadline_ns, bool wait);
 /* Same (waiting, on an endpoint others may end), and `owned` (malloc'd; may hold iov and the

@@ -193,6 +193,7 @@ int cxr_rdma_reg(cxr_rdma *r, void *p, size_t len, cxr_rdma_mr **mr) {
   if (mr) *mr = NULL;
   if (r == NULL || p == NULL || len == 0 || mr == NULL || len > UINTPTR_MAX - (uintptr_t)p)
     return CXR_EINVAL;
+  if (cxr__rdma_copy(r)) return CXR_ECLOSED;
   return reg(r, p, len, false, true, mr);
 }
 
@@ -210,6 +211,7 @@ int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma
       len > UINTPTR_MAX - (uintptr_t)p)
     return CXR_EINVAL;
   if (strlen(name) > EXPORT_NAME_MAX) return CXR_ENAMETOOLONG;
+  if (cxr__rdma_copy(r)) return CXR_ECLOSED;
   pthread_mutex_lock(&r->lock);
   bool dup = export_named_locked(r, name);
   pthread_mutex_unlock(&r->lock);
@@ -234,7 +236,7 @@ int cxr_rdma_export(cxr_rdma *r, const char *name, void *p, size_t len, cxr_rdma
 }
 
 void cxr_rdma_dereg(cxr_rdma_mr *mr) {
-  if (mr == NULL) return;
+  if (mr == NULL || cxr__rdma_copy(mr->r)) return;
   cxr_rdma *r = mr->r;
   ucp_mem_h memh;
   void *rk;
@@ -248,6 +250,7 @@ void cxr_rdma_dereg(cxr_rdma_mr *mr) {
 
 int cxr_rdma_stats_get(const cxr_rdma *cr, cxr_rdma_stats *out) {
   if (cr == NULL || out == NULL) return CXR_EINVAL;
+  if (cxr__rdma_copy(cr)) return CXR_ECLOSED; /* its lock may have been held at the fork */
   cxr_rdma *r = (cxr_rdma *)cr;
   pthread_mutex_lock(&r->lock);
   *out = (cxr_rdma_stats){.pinned = r->pinned, .pinned_peak = r->pinned_peak,
@@ -271,6 +274,7 @@ int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **out, ui
                   size_t *len) {
   if (out) *out = NULL;
   if (ep == NULL || name == NULL || out == NULL) return CXR_EINVAL;
+  if (cxr__rdma_copy(ep->r)) return CXR_ECLOSED;
   cxr_rdma *r = ep->r;
   void *blob = NULL;
   rdma_export e = {0};
@@ -332,6 +336,7 @@ int cxr_rdma_rkey_get(cxr_rdma_ep *ep, const char *name, cxr_rdma_rkey **out, ui
 
 static int check(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, size_t len) {
   if (ep == NULL || rk == NULL || rk->ep != ep) return CXR_EINVAL;
+  if (cxr__rdma_copy(ep->r)) return CXR_ECLOSED;
   if (raddr < rk->base || len > rk->len || raddr - rk->base > rk->len - len) return CXR_ERANGE;
   return atomic_load(&ep->status);
 }

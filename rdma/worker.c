@@ -167,7 +167,10 @@ static int defer(cxr_rdma *r, void (*fn)(void *), void *user, bool wake) {
   return 0;
 }
 
-int cxr_rdma_defer(cxr_rdma *r, void (*fn)(void *), void *user) { return defer(r, fn, user, true); }
+int cxr_rdma_defer(cxr_rdma *r, void (*fn)(void *), void *user) {
+  if (r != NULL && cxr__rdma_copy(r)) return CXR_ECLOSED; /* no progress thread runs it */
+  return defer(r, fn, user, true);
+}
 int cxr__rdma_defer_quiet(cxr_rdma *r, void (*fn)(void *), void *user) {
   return defer(r, fn, user, false);
 }
@@ -181,7 +184,8 @@ static void msg_enqueue(cxr_rdma *r, cxr_rdma_msg *m) {
 }
 
 void cxr_rdma_msg_free(cxr_rdma_msg *m) {
-  if (m == NULL) return;
+  /* A fork child's copy of a message is left alone: dropping its endpoint could close it. */
+  if (m == NULL || cxr__rdma_copy(m->r)) return;
   if (m->ref) cxr__ep_drop(m->ref);
   if (m->owned) {
     free(m->hdr);
@@ -336,6 +340,7 @@ int cxr__am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user, int fla
 
 int cxr_rdma_am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user) {
   if (r == NULL || id < CXR_RDMA_AM_USER_MIN || id > CXR_RDMA_AM_MAX) return CXR_EINVAL;
+  if (cxr__rdma_copy(r)) return CXR_ECLOSED;
   return cxr__am_set(r, id, fn, user, 0);
 }
 
@@ -351,7 +356,7 @@ const void *cxr_rdma_msg_data(const cxr_rdma_msg *m, size_t *len) {
   return m->data;
 }
 void cxr_rdma_msg_keep(cxr_rdma_msg *m) {
-  if (m == NULL) return;
+  if (m == NULL || cxr__rdma_copy(m->r)) return;
   m->kept = true;
   if (m->kept_out) *m->kept_out = true;
   m->kept_out = NULL;
@@ -388,15 +393,23 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
     return CXR_ENOMEM;
   }
   op->owned = owned;
-  /* The header is copied so that a send abandoned at its deadline never reads a dead
-   * stack frame; UCX keeps pointing at it until the send completes. */
-  if (hlen) {
-    op->hdr_copy = malloc(hlen);
+  /* The header, and the iov array when there are several entries, are copied (one block)
+   * so that a send abandoned at its deadline never reads a dead stack frame or an array the
+   * caller reused: UCX keeps pointing at both, and reads the array as it sends, until the
+   * send completes (tests/rdma/rdma_test). The data stays the caller's. */
+  size_t hsz = (hlen + 15) & ~(size_t)15, isz = niov > 1 ? niov * sizeof *iov : 0;
+  if (niov > 1 && niov > (SIZE_MAX - hsz) / sizeof *iov) {
+    op_free(op);
+    return CXR_EINVAL;
+  }
+  if (hsz + isz) {
+    op->hdr_copy = malloc(hsz + isz);
     if (op->hdr_copy == NULL) {
       op_free(op);
       return CXR_ENOMEM;
     }
-    memcpy(op->hdr_copy, hdr, hlen);
+    if (hlen) memcpy(op->hdr_copy, hdr, hlen);
+    if (isz) memcpy((char *)op->hdr_copy + hsz, iov, isz);
   }
   ucp_request_param_t p = cxr__op_param(op);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
@@ -409,7 +422,7 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
   } else if (niov > 1) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_iov();
-    buf = iov;
+    buf = (char *)op->hdr_copy + hsz;
     count = niov;
   }
   int rc = ep ? cxr__ep_use(ep, &uep) : 0;
@@ -428,12 +441,6 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
     return 0;
   }
   return cxr__op_wait(r, sp, op, deadline);
-}
-
-int cxr__am_send(cxr_rdma *r, ucp_ep_h uep, unsigned id, unsigned flags, const void *hdr,
-                 size_t hlen, const struct iovec *iov, size_t niov, int64_t deadline,
-                 bool wait) {
-  return am_send(r, NULL, uep, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL);
 }
 
 int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
@@ -463,16 +470,22 @@ int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
 int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                    const struct iovec *iov, size_t niov, int64_t deadline_ns) {
   if (id < CXR_RDMA_AM_USER_MIN) return CXR_EINVAL; /* below: the engine's own ids */
-  return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, deadline_ns);
+  return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, NULL, deadline_ns);
 }
 
 int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
-                    const struct iovec *iov, size_t niov, int64_t deadline_ns) {
-  if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) return CXR_EINVAL;
-  if (m->reply_ep == NULL) return CXR_ENOTCONN;
-  if (m->ref && atomic_load(&m->ref->status)) return atomic_load(&m->ref->status);
-  return cxr__am_send(m->r, m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
-                      cxr__deadline(deadline_ns), true);
+                    const struct iovec *iov, size_t niov, void *owned, int64_t deadline_ns) {
+  int rc = 0;
+  if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) rc = CXR_EINVAL;
+  else if (cxr__rdma_copy(m->r)) rc = CXR_ECLOSED;
+  else if (m->reply_ep == NULL) rc = CXR_ENOTCONN;
+  else if (m->ref) rc = atomic_load(&m->ref->status);
+  if (rc) {
+    free(owned);
+    return rc;
+  }
+  return am_send(m->r, NULL, m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
+                 cxr__deadline(deadline_ns), true, owned);
 }
 
 /* ---- the progress thread ---- */
@@ -561,11 +574,20 @@ static void ignore_sigpipe(void) {
   }
 }
 
+_Atomic unsigned cxr__rdma_fork_epoch = 1;
+static void after_fork_child(void) { atomic_fetch_add(&cxr__rdma_fork_epoch, 1); }
+
+/* Once per process, at the first open: SIGPIPE, and the fork hook (internal.h). */
+static void process_setup(void) {
+  ignore_sigpipe();
+  pthread_atfork(NULL, NULL, after_fork_child);
+}
+
 int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   if (out == NULL) return CXR_EINVAL;
   *out = NULL;
   static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, ignore_sigpipe);
+  pthread_once(&once, process_setup);
   cxr_rdma_opts def;
   if (o == NULL) {
     cxr_rdma_opts_init(&def);
@@ -575,6 +597,10 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
       (o->pin_mode != CXR_RDMA_PIN_AUTO && o->pin_mode != CXR_RDMA_PIN_ALWAYS &&
        o->pin_mode != CXR_RDMA_PIN_NEVER))
     return CXR_EINVAL;
+  /* In a fork child of a process that had opened an engine (the hook counted the fork),
+   * UCX's own process state is the parent's: an engine opened there connected to nobody (a
+   * 3 s connect timed out), so none is made. A child that needs one execs a program. */
+  if (atomic_load(&cxr__rdma_fork_epoch) != 1) return CXR_ECLOSED;
   struct sockaddr_in lsa;
   if (o->listen != NULL) {
     int rc = parse_hostport(o->listen, &lsa);
@@ -582,7 +608,7 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   }
   cxr_rdma *r = calloc(1, sizeof *r);
   if (r == NULL) return CXR_ENOMEM;
-  r->owner = getpid();
+  r->epoch = atomic_load(&cxr__rdma_fork_epoch);
   pthread_mutex_init(&r->lock, NULL);
   pthread_mutex_init(&r->bounce_lock, NULL);
   r->spin_ns = o->spin_ns;
@@ -679,7 +705,7 @@ void cxr_rdma_close(cxr_rdma *r) {
   /* In a child made by fork(2) the engine is a copy of the parent's: its progress thread is
    * not there to join, and its sockets are the parent's, so closing it would hang the child
    * or end the parent's endpoints. The copy is left alone (the child's exit drops it). */
-  if (r == NULL || r->owner != getpid()) return;
+  if (r == NULL || cxr__rdma_copy(r)) return;
   if (r->thread_started) {
     atomic_store(&r->stop, true);
     cxr__wake(r);

@@ -274,11 +274,12 @@ static void reply_call(cxr_rdma_msg *m, const r_call *h, uint64_t token, int st,
     tab[i] = (r_range){(uint64_t)(uintptr_t)rg[i].p, rg[i].len};
     if (rg[i].len) iov[n++] = (struct iovec){(void *)rg[i].p, rg[i].len};
   }
-  int rc = cxr_rdma_reply(m, R_CALL_REP, &rep, sizeof rep, n ? iov : NULL, n, 0);
+  /* tab goes with the reply (UCX may read it after a reply given up at its deadline); the
+   * engine copies the iov array. */
+  int rc = cxr__rdma_reply(m, R_CALL_REP, &rep, sizeof rep, n ? iov : NULL, n, tab, 0);
   if (rc) CXR_DEBUG("remote: reply to call %llx failed: %s", (unsigned long long)h->call_id,
                     cxr_strerror(rc));
   if (iov != stack_iov) free(iov);
-  free(tab);
 }
 
 /* Checks a call's data against the replica and copies it in. */

@@ -52,6 +52,7 @@ struct cxr_heap {
   cxr__pme *pm;
   uint64_t npages, data_off, size;
   cxr__geo g;                /* the same, for the allocator's internals */
+  int lock_stuck;            /* the last wait for the lock timed out (pages.c; atomic) */
   struct cxr_heap *next;     /* open handles of this process */
 };
 

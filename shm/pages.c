@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "shm/meta.h"
 
@@ -155,8 +156,35 @@ void cxr__heap_format(const cxr__geo *g) {
 
 _Thread_local int cxr__lock_reaped;
 
+/* How long a thread waits for a heap's lock. Allocator sections hold it for microseconds and
+ * a rebuild after a dead holder for milliseconds, but a word nobody will release must cost an
+ * error, not a hang: any client can write its connection heap and every client a channel's
+ * control heap, and a scribbled word names a holder that never unlocks (a server's close once
+ * hung on one). After one such wait the handle waits only briefly until the lock is free. */
+#define LOCK_WAIT_NS 2000000000ll
+#define LOCK_WAIT_STUCK_NS 10000000ll
+
+static int lock_timed(pthread_mutex_t *m, int64_t wait_ns) {
+  int64_t until = cxr__realtime_ns() + wait_ns; /* pthread_mutex_timedlock's clock */
+  struct timespec ts = {.tv_sec = (time_t)(until / 1000000000), .tv_nsec = until % 1000000000};
+  return pthread_mutex_timedlock(m, &ts);
+}
+
 int cxr__heap_lock(cxr_heap *h) {
-  int rc = pthread_mutex_lock(&h->hdr->lock);
+  int rc = pthread_mutex_trylock(&h->hdr->lock); /* no clock read when it is free */
+  if (rc == EBUSY) {
+    bool stuck = __atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED);
+    rc = lock_timed(&h->hdr->lock, stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS);
+    if (rc == ETIMEDOUT) {
+      if (!stuck)
+        CXR_ERR("heap %s: its lock was not released within %lld s (a holder is stopped, or "
+                "the word was overwritten); its allocations fail until it is", h->hdr->name,
+                LOCK_WAIT_NS / 1000000000);
+      __atomic_store_n(&h->lock_stuck, 1, __ATOMIC_RELAXED);
+      return CXR_ETIMEDOUT;
+    }
+  }
+  if (rc == 0 || rc == EOWNERDEAD) __atomic_store_n(&h->lock_stuck, 0, __ATOMIC_RELAXED);
   if (rc == 0) return 0;
   if (rc == EOWNERDEAD) {
     /* A holder died inside an allocator operation: lists may be half-updated. */
@@ -171,6 +199,33 @@ int cxr__heap_lock(cxr_heap *h) {
 }
 
 void cxr__heap_unlock(cxr_heap *h) { pthread_mutex_unlock(&h->hdr->lock); }
+
+/* A rebuild logs the first few damaged entries it finds and then how many more, and at most
+ * one rebuild a second logs them at all: a holder that keeps scribbling over a heap (any
+ * client can write its connection heap) would otherwise flood the log, each rebuild walking
+ * the same damage again. */
+#define DAMAGE_LOG_MAX 8
+static _Thread_local unsigned damage_seen, damage_budget;
+static _Atomic int64_t damage_quiet_until;
+
+/* Whether to log this damaged entry; the first of a rebuild decides for the rest of it. */
+static bool damage_log(void) {
+  if (damage_seen++ == 0) {
+    int64_t now = cxr_now_ns(), until = atomic_load(&damage_quiet_until);
+    bool turn = now >= until &&
+                atomic_compare_exchange_strong(&damage_quiet_until, &until, now + 1000000000);
+    damage_budget = turn ? DAMAGE_LOG_MAX : 0;
+  }
+  return damage_seen <= damage_budget;
+}
+
+static void damage_begin(void) { damage_seen = damage_budget = 0; }
+
+static void damage_end(const cxr__hdr *hdr) {
+  if (damage_budget && damage_seen > damage_budget)
+    CXR_ERR("heap %s: %u more damaged entries (not logged; at most %d a second)", hdr->name,
+            damage_seen - damage_budget, DAMAGE_LOG_MAX);
+}
 
 static bool reclaims(const cxr__reclaim *r, unsigned slot, uint32_t gen) {
   return r && slot < CXR_MAX_HOLDERS && gen != 0 && r->gen[slot] == gen;
@@ -197,8 +252,9 @@ static bool rebuild_slab(const cxr__geo *g, uint32_t pg, unsigned c, const cxr__
       if (atomic_compare_exchange_strong(&b->tag, &t, nt)) t = nt;
       st = cxr__tag_state(t);
     } else if (st != CXR_BLK_FREE && st != CXR_BLK_CACHED && st != CXR_BLK_ALLOC) {
-      CXR_ERR("heap %s: block %p has a bad tag %#lx; keeping it out of use", hdr->name,
-              (void *)b, (unsigned long)t);
+      if (damage_log())
+        CXR_ERR("heap %s: block %p has a bad tag %#lx; keeping it out of use", hdr->name,
+                (void *)b, (unsigned long)t);
       continue;
     }
     if (st != CXR_BLK_FREE) continue;
@@ -223,6 +279,7 @@ void cxr__heap_rebuild(const cxr__geo *g, const cxr__reclaim *r) {
   uint64_t heads[CXR_NCLASS] = {0};
   uint32_t npages = (uint32_t)g->npages;
   hdr->free_runs = 0;
+  damage_begin();
   uint32_t fstart = 0, flen = 0; /* the free run being grown */
   for (uint32_t pg = 0; pg < npages;) {
     uint64_t w0 = LD(pm[pg].w0);
@@ -230,8 +287,9 @@ void cxr__heap_rebuild(const cxr__geo *g, const cxr__reclaim *r) {
     uint32_t n = cxr__pm_npages(w0);
     if ((kind != CXR_PM_FREE && kind != CXR_PM_SLAB && kind != CXR_PM_LARGE) || n == 0 ||
         n > npages - pg || (kind == CXR_PM_SLAB && (cxr__pm_class(w0) >= CXR_NCLASS || n != CXR_SLAB_PAGES))) {
-      CXR_ERR("heap %s: page %u has a bad map entry %#lx; leaking the page", hdr->name, pg,
-              (unsigned long)w0);
+      if (damage_log())
+        CXR_ERR("heap %s: page %u has a bad map entry %#lx; leaking the page", hdr->name, pg,
+                (unsigned long)w0);
       if (flen) run_make_free(g, fstart, flen);
       flen = 0;
       pg++;
@@ -266,6 +324,7 @@ void cxr__heap_rebuild(const cxr__geo *g, const cxr__reclaim *r) {
   if (flen) run_make_free(g, fstart, flen);
   for (unsigned c = 0; c < CXR_NCLASS; c++) hdr->central[c] = heads[c];
   hdr->rebuilds++;
+  damage_end(hdr);
 }
 
 void cxr__heap_usage(const cxr__geo *g, size_t *used, size_t *cached) {

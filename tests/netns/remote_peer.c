@@ -23,6 +23,10 @@
  *                            handlers started since>" (0: the server skipped every one)
  *       forkexit          -> a child made by fork(2) returns from main (atexit handlers run,
  *                            the parent's engine among them): "ok <child's exit status>"
+ *       forkcall          -> a child made by fork(2) calls on the parent's connection, then
+ *                            connects on its own: both must be refused (CXR_ECLOSED: UCX is
+ *                            not fork-safe): "ok <child's exit status>" (0, or the step that
+ *                            was not refused)
  *       failgraph N       -> N calls whose handler builds a result graph (root, name, three
  *                            nodes, its ranges set) and then fails: "ok <bytes used in the
  *                            server's result heap before> <after>" | "err <code>"
@@ -376,6 +380,18 @@ static int client(const char *t) {
       if (child == 0) {
         forked_child = 1;
         exit(0); /* as a child that is done returns from main */
+      }
+      int st = -1;
+      if (child > 0) waitpid(child, &st, 0);
+      printf("ok %d\n", st);
+    } else if (strncmp(line, "forkcall", 8) == 0) {
+      fflush(stdout);
+      pid_t child = fork();
+      if (child == 0) {
+        forked_child = 1;
+        int step = cxr_conn_call(conn, M_NOOP, NULL, NULL, NULL) != CXR_ECLOSED ? 1 : 0;
+        if (step == 0 && do_connect(5000) != CXR_ECLOSED) step = 2;
+        exit(step);
       }
       int st = -1;
       if (child > 0) waitpid(child, &st, 0);

@@ -113,6 +113,34 @@ TEST(Rdma, ConnectColdThenWarmAndEchoMessages) {
   cxr_rdma_close(r);
 }
 
+// A send that misses its deadline goes on in UCX: the data buffers must stay as they are
+// (cxr_rdma_am_send(3)), but the iov array is the engine's own copy, so a caller may reuse it
+// (or return from the frame it lived in) at once. Here the array is pointed at other bytes
+// right after the timeout: the peer must still get the original ones.
+TEST(Rdma, ASendThatTimesOutNoLongerReadsItsIovArray) {
+  Peer peer;
+  Echo e;
+  cxr_rdma *r;
+  cxr_rdma_ep *ep;
+  ASSERT_NO_FATAL_FAILURE(open_and_connect_echo(peer, e, &r, &ep));
+  const size_t half = 16u << 20;
+  std::vector<char> data(2 * half), other(2 * half, (char)0xcc);
+  for (size_t i = 0; i < data.size(); i++) data[i] = (char)(i * 13 + 1);
+  struct iovec *iov = new struct iovec[2]{{data.data(), half}, {data.data() + half, half}};
+  int rc = cxr_rdma_am_send(ep, 20, "t", 1, iov, 2, cxr_now_ns() + 1000);
+  if (rc == 0) GTEST_SKIP() << "32 MiB left within 1 us: nothing to check";
+  ASSERT_EQ(rc, CXR_ETIMEDOUT);
+  iov[0].iov_base = other.data();
+  iov[1].iov_base = other.data() + half;
+  ASSERT_TRUE(wait_for(e.got, 1, 30 * kSec));
+  ASSERT_EQ(e.data.size(), data.size());
+  EXPECT_EQ(memcmp(e.data.data(), data.data(), data.size()), 0)
+      << "the send read the iov array after it returned";
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
+  delete[] iov;
+}
+
 TEST(Rdma, AMessageForAnIdNobodySetIsDroppedNotFatal) {
   // The peer serves ids 20 (echo) and its own; it never set these. UCX 1.13 crashed a
   // receiver that had no handler for a message's id (ucp_am_handler_reply; 2 runs in 3 under
@@ -520,6 +548,73 @@ TEST(Rdma, NonPinnedRegistrationOfALargeRegionPinsNothing) {
   EXPECT_EQ(st.pin_mode, CXR_RDMA_PIN_NEVER);
   cxr_rdma_close(r);
   munmap(p, len);
+}
+
+// UCX is not fork-safe: a child made by fork(2) holds a copy of its parent's engine whose
+// sockets are the parent's. Every call on the copy is refused with CXR_ECLOSED (the closes do
+// nothing), and so is an engine of its own; nothing reaches the peer, and the parent's
+// endpoint still works afterwards.
+TEST(Rdma, AForkChildsCallsOnItsParentsEngineAreRefusedAndLeaveItAlone) {
+  cxrt::Mem m;
+  ASSERT_NO_FATAL_FAILURE(cxrt::connect_mem(m));
+  const uint64_t at = m.base + 256;  // the peer's bytes 256..263: i & 0xff
+  uint64_t before = 0;
+  ASSERT_EQ(cxr_rdma_get(m.ep, m.rk, at, &before, 8, 0), 0);
+  static char page[4096];
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int n = 0, first = 0;  // the first call (counted from 1) that was not refused
+    auto refused = [&](int rc) {
+      n++;
+      if (rc != CXR_ECLOSED && first == 0) first = n;
+    };
+    const int64_t dl = cxr_now_ns() + kSec;
+    uint64_t v = 0x4242424242424242ull, old = 0;
+    struct iovec iov = {&v, 8};
+    cxr_rdma_rkey *rk = nullptr;
+    cxr_rdma_ep *ep = nullptr;
+    cxr_rdma_mr *mr = nullptr;
+    cxr_rdma_stats st;
+    refused(cxr_rdma_put(m.ep, m.rk, at, &v, 8, dl));
+    refused(cxr_rdma_get(m.ep, m.rk, at, &v, 8, dl));
+    refused(cxr_rdma_fadd64(m.ep, m.rk, at, 1, &old, dl));
+    refused(cxr_rdma_cswap64(m.ep, m.rk, at, before, v, &old, dl));
+    refused(cxr_rdma_swap64(m.ep, m.rk, at, v, &old, dl));
+    refused(cxr_rdma_am_send(m.ep, 20, "x", 1, &iov, 1, dl));
+    refused(cxr_rdma_am_post(m.ep, 20, "x", 1, nullptr, 0));
+    refused(cxr_rdma_rkey_get(m.ep, "spare", &rk, nullptr, nullptr));
+    refused(cxr_rdma_refresh(m.ep, dl));
+    refused(cxr_rdma_ep_status(m.ep));
+    refused(cxr_rdma_connect(m.r, m.peer.addr().c_str(), dl, &ep));
+    refused(cxr_rdma_reg(m.r, page, sizeof page, &mr));
+    refused(cxr_rdma_export(m.r, "child", page, sizeof page, &mr));
+    refused(cxr_rdma_am_set(m.r, 30, on_echo, nullptr));
+    refused(cxr_rdma_defer(m.r, [](void *) {}, nullptr));
+    refused(cxr_rdma_stats_get(m.r, &st));
+    // An engine of its own does not work either (UCX's process state is the parent's: one
+    // opened here connected to nobody within 3 s), so it is refused too.
+    cxr_rdma *own = nullptr;
+    refused(cxr_rdma_open(&own, nullptr));
+    cxr_rdma_forget(m.r, m.peer.addr().c_str());
+    cxr_rdma_ep_close(m.ep);
+    cxr_rdma_close(m.r);
+    _exit(first);
+  }
+  int ws = 0;
+  ASSERT_EQ(waitpid(pid, &ws, 0), pid);
+  ASSERT_TRUE(WIFEXITED(ws)) << "the child died of signal " << WTERMSIG(ws);
+  EXPECT_EQ(WEXITSTATUS(ws), 0) << "the child's call number " << WEXITSTATUS(ws)
+                                << " (from 1) on its parent's engine was not refused";
+  // The parent's endpoint still works, and nothing the child tried reached the peer.
+  EXPECT_EQ(cxr_rdma_ep_status(m.ep), 0);
+  uint64_t after = 0;
+  ASSERT_EQ(cxr_rdma_get(m.ep, m.rk, at, &after, 8, cxr_now_ns() + 5 * kSec), 0);
+  EXPECT_EQ(after, before);
+  cxr_rdma_rkey *spare = nullptr;
+  EXPECT_EQ(cxr_rdma_rkey_get(m.ep, "spare", &spare, nullptr, nullptr), 0);
+  cxr_rdma_ep_close(m.ep);
+  cxr_rdma_close(m.r);
 }
 
 TEST(Rdma, DevicesReportNoneHereWithoutFailing) {

@@ -4,6 +4,9 @@
 // and the counters read from outside.
 #include <gtest/gtest.h>
 
+#include <limits.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <thread>
@@ -721,6 +724,35 @@ TEST(CallLimits, ConnectionsSlotsLieAtDifferentCacheSets) {
       << "two connections' slots share a cache set";
   for (cxr_conn *c : conns) EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
   for (cxr_conn *c : conns) cxr_conn_close(c);
+  cxr_channel_close(ch);
+}
+
+TEST(CallLimits, ASlotMarkedClosedThatWasNeverServedIsPutBack) {
+  // Any client can write the channel's control block. A slot the server never made ready
+  // (no heap, no rings) marked CLOSING sent the manager into it: a NULL ring, and the server
+  // died (found by scribbling over a kv server's control heap while clients ran). Now the
+  // manager puts the slot back as free and the channel keeps serving.
+  std::string name = uniq("scrib");
+  cxr_channel *ch = serving(name, 1u << 20, 4, 1);
+  ASSERT_NE(ch, nullptr);
+  cxr_heap *ctl = nullptr;
+  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
+  auto *cb = static_cast<cxr__chan_block *>(cxr_heap_get_root(ctl));
+  ASSERT_NE(cb, nullptr);
+  uint64_t o = CXR__LD(&cb->slots[3].owner);  // pool 1: slot 3 was never made ready
+  ASSERT_EQ(cxr__owner_state(o), (unsigned)CXR__SLOT_FREE);
+  uint64_t closing = cxr__owner((uint32_t)getpid(), CXR__SLOT_CLOSING, cxr__owner_gen(o));
+  CXR__ST(&cb->slots[3].owner, closing);
+  __atomic_fetch_add(&cb->mgr_bell, 1, __ATOMIC_SEQ_CST);
+  cxr__futex_wake(&cb->mgr_bell, INT_MAX);
+  for (int i = 0; i < 500 && cxr__owner_state(CXR__LD(&cb->slots[3].owner)) != CXR__SLOT_FREE; i++)
+    usleep(10000);
+  EXPECT_EQ(cxr__owner_state(CXR__LD(&cb->slots[3].owner)), (unsigned)CXR__SLOT_FREE);
+  cxr_conn *c = nullptr;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(c);
+  cxr_heap_close(ctl);
   cxr_channel_close(ch);
 }
 

@@ -128,7 +128,9 @@ TEST_F(SealTest, SettingThePeerWhileAnotherThreadChecksIsSafe) {
       if (cxr_seal_table_set_peer(t, ag.pid, heap.p(), heap.size) == 0) sets.fetch_add(1);
     }
   });
-  for (int i = 0; i < 200; i++) {
+  // At least 200 checks, and on until the setter has run 20 times among them (a loaded
+  // machine may not schedule it for the first ones), bounded.
+  for (int i = 0; i < 200 || (sets.load() < 20 && i < 100000); i++) {
     size_t off = (size_t)(30 + i % 8) * 4096;
     cxr_seal_id id = seal(heap.addr + off, 4096);
     ASSERT_EQ(cxr_seal_table_check(t, id, heap.p() + off, 4096), 0) << i;

@@ -403,6 +403,37 @@ TEST(Errors, DamagedFreeListsAreRebuiltNotFollowed) {
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
 
+TEST(Errors, DamageIsLoggedAFewLinesAtATime) {
+  // Any holder can write a heap (a client its connection heap). Each rebuild walks every
+  // tag again, and used to log every damaged one each time: a holder that keeps scribbling
+  // could flood the log. Now a rebuild logs at most 8 entries and a count, and at most one
+  // rebuild a second logs at all. Here 100 bad tags and two rebuilds: 200 lines before.
+  std::string name = uniq("floodlog");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, nullptr), 0);
+  std::vector<void *> live;
+  for (int i = 0; i < 300; i++) live.push_back(cxr_heap_alloc(h, 64));
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  for (int i = 0; i < 100; i++) {  // headers 16 bytes before the blocks
+    cxr__blk *b = (cxr__blk *)((char *)live[2 * i] - 16);
+    b->tag.store(0xF000000000000000ull, std::memory_order_relaxed);
+  }
+  testing::internal::CaptureStderr();
+  hdr->central[5] = 12345;  // two damaged class lists: two rebuilds
+  void *a = cxr_heap_alloc(h, 90);
+  hdr->central[7] = 1ull << 40;
+  void *b = cxr_heap_alloc(h, 128);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(a, nullptr);
+  EXPECT_NE(b, nullptr);
+  EXPECT_GE(hdr->rebuilds, 2u);
+  size_t lines = 0;
+  for (size_t at = 0; (at = err.find("has a bad tag", at)) != std::string::npos; at++) lines++;
+  EXPECT_LE(lines, 8u) << err;
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
+
 // A holder on another host cannot be checked by pid: its lease decides. (The slot is
 // forged here, as a process on another host of the pod would have written it.)
 TEST(Lease, HolderOnAnotherHostIsDeadWhenItsLeaseExpires) {

@@ -7,6 +7,7 @@
 
 #include <cxrpc/shm.h>
 
+#include "shm/layout.h" /* where the lock word is, to overwrite it as a peer could */
 #include "tests/shm/util.h"
 
 using namespace shmtest;
@@ -344,4 +345,31 @@ TEST(Heap, ThreadsInOneProcess) {
   EXPECT_EQ(st.holders, 1u);
   cxr_heap_close(h);
   EXPECT_TRUE(list_dir(g_root).empty());
+}
+
+TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
+  // Any process that maps a heap can write its lock word (a connection heap's client can):
+  // one naming a holder that never unlocks. Allocations that take the lock fail with
+  // CXR_ETIMEDOUT after a bounded wait (2 s, then briefly), work again once the word is
+  // clear, and the close does not hang. (Before: the first such allocation waited forever.)
+  std::string name = uniq("stuck");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(create_self_removing(&h, name, 8 << 20), 0);
+  void *a = cxr_heap_alloc(h, 1 << 20);  // a large block: always under the lock
+  ASSERT_NE(a, nullptr);
+  cxr_heap_free(h, a);
+  int *word = reinterpret_cast<int *>(static_cast<char *>(cxr_heap_base(h)) +
+                                      offsetof(cxr__hdr, lock));  // glibc: the futex word first
+  ASSERT_EQ(__atomic_load_n(word, __ATOMIC_SEQ_CST), 0);
+  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);  // "held" by a thread that never unlocks
+  EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);
+  EXPECT_EQ(cxr_last_error(), CXR_ETIMEDOUT);
+  EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);  // now after a short wait
+  EXPECT_EQ(cxr_last_error(), CXR_ETIMEDOUT);
+  __atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+  void *b = cxr_heap_alloc(h, 1 << 20);
+  EXPECT_NE(b, nullptr);
+  cxr_heap_free(h, b);
+  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);
+  cxr_heap_close(h);  // returns: its flushes give up
 }
