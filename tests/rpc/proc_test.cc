@@ -272,7 +272,8 @@ TEST_F(Proc, AChildRefusesTheConnectionItInheritedAndCannotCloseItsParents) {
 }
 
 TEST_F(Proc, AClientNamingAnotherProcessIsNotVerified) {
-  // A client writes another pid into its slot (and a uid into the control block), then
+  // A client writes another pid into its slot (with that process's start time, so the
+  // liveness check does not reclaim the slot first) and a uid into the control block, then
   // calls: the server does not confirm it, neither as the server itself (which maps every
   // connection heap) nor as a process that does not map this one. Named as itself, it is
   // confirmed, with its real uid rather than the one it wrote.

@@ -17,6 +17,7 @@
 #include <cxrpc/rpc.h>
 
 #include "rpc/internal.h"
+#include "shm/proc.h"
 
 #include "tests/rpc/methods.h"
 
@@ -131,7 +132,12 @@ static int impostor(const char *name, int pid) {
   cxr__conn_block *b = cxr_heap_get_root(cxr_conn_heap(c));
   if (cb == NULL || b == NULL) return impostor_fail("roots", CXR_ECORRUPT);
   cxr__cslot *s = &cb->slots[b->slot];
-  uint64_t o = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE);
+  uint64_t o = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE), start;
+  /* The named process's start time too: with ours beside its pid, the server's liveness
+   * check would find no such process and reclaim the slot before the call is answered
+   * (which happened under TSan), and the test would learn nothing about verification. */
+  if (pid != 0 && cxr__proc_start_time(pid, &start) == 0)
+    __atomic_store_n(&s->client_start, start, __ATOMIC_RELEASE);
   if (pid != 0)
     __atomic_store_n(&s->owner, cxr__owner((uint32_t)pid, cxr__owner_state(o), cxr__owner_gen(o)),
                      __ATOMIC_RELEASE);
