@@ -184,7 +184,9 @@ int cxr__heap_lock(cxr_heap *h) {
       return CXR_ETIMEDOUT;
     }
   }
-  if (rc == 0 || rc == EOWNERDEAD) __atomic_store_n(&h->lock_stuck, 0, __ATOMIC_RELAXED);
+  /* Written only when set: every thread of the process locks through this handle. */
+  if ((rc == 0 || rc == EOWNERDEAD) && __atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED))
+    __atomic_store_n(&h->lock_stuck, 0, __ATOMIC_RELAXED);
   if (rc == 0) return 0;
   if (rc == EOWNERDEAD) {
     /* A holder died inside an allocator operation: lists may be half-updated. */

@@ -371,5 +371,9 @@ TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
   EXPECT_NE(b, nullptr);
   cxr_heap_free(h, b);
   __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);
+  // The lock was had again, so the handle waits the full bound again (not the brief one).
+  int64_t t0 = cxr_now_ns();
+  EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);
+  EXPECT_GE(cxr_now_ns() - t0, 1000000000);
   cxr_heap_close(h);  // returns: its flushes give up
 }
