@@ -4,11 +4,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shm/internal.h"
@@ -17,6 +19,50 @@
 #define REG_VERSION 1u
 
 unsigned cxr__rt_pod(void);
+
+int64_t cxr__reg_wait_ns = 10000000000ll;
+#define REG_WAIT_STUCK_NS 10000000ll
+
+/* Set when a wait timed out: later ones are brief until the lock is had again, so a
+ * process closing many heaps does not wait the full bound for each. */
+static int reg_stuck;
+
+/* Takes the flock within cxr__reg_wait_ns. flock has no timeout, so a busy lock is polled:
+ * yielding for the first 200 us (sections last microseconds; on a small machine the holder
+ * may need our CPU to finish), then sleeping 50 us, doubling to 1 ms, between tries. */
+static int lock_bounded(int fd) {
+  int64_t start = 0, bound = cxr__reg_wait_ns;
+  long nap_ns = 50000;
+  for (;;) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      if (__atomic_load_n(&reg_stuck, __ATOMIC_RELAXED))
+        __atomic_store_n(&reg_stuck, 0, __ATOMIC_RELAXED);
+      return 0;
+    }
+    if (errno != EWOULDBLOCK && errno != EINTR) return cxr__from_errno(errno);
+    int64_t now = cxr_now_ns();
+    if (start == 0) {
+      start = now;
+      if (__atomic_load_n(&reg_stuck, __ATOMIC_RELAXED)) bound = REG_WAIT_STUCK_NS;
+    }
+    int64_t spent = now - start;
+    if (spent >= bound) {
+      if (bound != REG_WAIT_STUCK_NS)
+        CXR_ERR("%s/registry: its lock was not released within %lld ms (a process of the pod "
+                "holds it and does not let go); heaps cannot be created, opened or removed "
+                "until it does", cxr_root(), (long long)(bound / 1000000));
+      __atomic_store_n(&reg_stuck, 1, __ATOMIC_RELAXED);
+      return CXR_ETIMEDOUT;
+    }
+    if (spent < 200000) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, nap_ns};
+      nanosleep(&ts, NULL);
+      if (nap_ns < 1000000) nap_ns *= 2;
+    }
+  }
+}
 
 int cxr__reg_lock(cxr__reg *r, bool create) {
   r->fd = -1;
@@ -28,10 +74,10 @@ int cxr__reg_lock(cxr__reg *r, bool create) {
   for (int attempt = 0; attempt < 100; attempt++) {
     int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
     if (fd < 0) return cxr__from_errno(errno);
-    if (flock(fd, LOCK_EX) != 0) {
-      int e = errno;
+    int rc = lock_bounded(fd);
+    if (rc != 0) {
       close(fd);
-      return cxr__from_errno(e);
+      return rc;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_nlink == 0) { /* removed while we waited: retry */

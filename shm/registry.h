@@ -38,7 +38,9 @@ typedef struct cxr__reg {
 } cxr__reg;
 
 /* Locks (and with `create`, creates) the registry of the current root. CXR_ENOENT when it
- * does not exist and !create. */
+ * does not exist and !create; CXR_ETIMEDOUT when its flock stays taken for
+ * cxr__reg_wait_ns (any process that can open the file can hold it; 10 s, tests lower it). */
+extern int64_t cxr__reg_wait_ns;
 int cxr__reg_lock(cxr__reg *r, bool create);
 /* Unlocks; removes the file when it has no entry left. */
 void cxr__reg_unlock(cxr__reg *r);

@@ -1,7 +1,11 @@
 // Heaps in one process and two: create, open, allocate, free, statistics, root pointer,
 // removal, and two processes following each other's pointers at the same address.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -376,4 +380,67 @@ TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
   EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);
   EXPECT_GE(cxr_now_ns() - t0, 1000000000);
   cxr_heap_close(h);  // returns: its flushes give up
+}
+
+extern "C" int64_t cxr__reg_wait_ns;  // shm/registry.h: how long the registry's flock is awaited
+
+TEST(Heap, ARegistryLockNobodyReleasesCostsAnErrorNotAHang) {
+  // Any process that can open the pod's registry (read access is enough) can take its
+  // flock and keep it. Creating, opening and removing heaps then fail with CXR_ETIMEDOUT
+  // after a bounded wait (10 s; lowered here), closing still returns, and all of it works
+  // again once the holder lets go. (Before: each of them waited forever.)
+  std::string name = uniq("reglock"), other = uniq("reglock");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(create_self_removing(&h, name, 2 << 20), 0);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  std::string path = g_root + "/registry";
+  pid_t holder = spawn([&] {
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || flock(fd, LOCK_EX) != 0) return 1;
+    if (write(ready[1], "x", 1) != 1) return 1;
+    pause();
+    return 0;
+  });
+  ASSERT_GT(holder, 0);
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  int64_t saved = cxr__reg_wait_ns;
+  cxr__reg_wait_ns = 300000000;
+  int64_t t0 = cxr_now_ns();
+  cxr_heap *h2 = nullptr;
+  EXPECT_EQ(cxr_heap_create(&h2, other.c_str(), 2 << 20, nullptr), CXR_ETIMEDOUT);
+  EXPECT_GE(cxr_now_ns() - t0, 300000000);
+  EXPECT_EQ(cxr_heap_open(&h2, name.c_str()), CXR_ETIMEDOUT);  // now after a brief wait
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), CXR_ETIMEDOUT);
+  void *p = cxr_heap_alloc(h, 64);  // a heap already open does not need the registry
+  EXPECT_NE(p, nullptr);
+  cxr_heap_free(h, p);
+  kill(holder, SIGKILL);  // the kernel drops its lock
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+  ASSERT_EQ(cxr_heap_open(&h2, name.c_str()), 0);
+  cxr_heap_close(h2);
+  // Had again: the next wait is the full bound, not the brief one.
+  holder = spawn([&] {
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || flock(fd, LOCK_EX) != 0) return 1;
+    if (write(ready[1], "x", 1) != 1) return 1;
+    pause();
+    return 0;
+  });
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  t0 = cxr_now_ns();
+  EXPECT_EQ(cxr_heap_open(&h2, name.c_str()), CXR_ETIMEDOUT);
+  EXPECT_GE(cxr_now_ns() - t0, 300000000);
+  cxr_heap_close(h);  // returns (the registry's part is skipped)
+  kill(holder, SIGKILL);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+  cxr__reg_wait_ns = saved;
+  close(ready[0]);
+  close(ready[1]);
+  // The heap left registered by the skipped close is swept by the next registry user.
+  EXPECT_EQ(cxr_heap_create(&h2, other.c_str(), 2 << 20, nullptr), 0);
+  cxr_heap_close(h2);
+  EXPECT_EQ(cxr_heap_unlink(other.c_str()), 0);
+  EXPECT_EQ(cxr_heap_open(&h2, name.c_str()), CXR_ENOENT);
 }
