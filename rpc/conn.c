@@ -12,6 +12,7 @@
 #include "rpc/remote.h"
 #include "rpc/seal_glue.h"
 #include "shm/log.h"
+#include "shm/reg_deadline.h"
 
 void cxr_conn_opts_init(cxr_conn_opts *o) {
   if (o == NULL) return;
@@ -373,7 +374,10 @@ int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
   c->peer_timeout = o.peer_timeout_ns;
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->qlock, NULL);
+  /* The heap opens give up by the connect timeout, also on a registry lock nobody frees. */
+  int64_t prev = cxr__reg_deadline_set(cxr__after(cxr_now_ns(), o.connect_timeout_ns));
   int rc = connect_pod(c, target, &o);
+  cxr__reg_deadline_set(prev);
   if (rc != 0) {
     cxr__conn_table_fini(c);
     if (c->heap) cxr_heap_close(c->heap);

@@ -205,7 +205,9 @@ int cxr_heap_create(cxr_heap **out, const char *name, size_t size, const cxr_hea
   uint32_t flags = (o->keep_orphans ? CXR_HF_KEEP_ORPHANS : 0) |
                    (o->remove_on_last_close ? CXR_HF_REMOVE_ON_CLOSE : 0);
 
-  cxr__rt_lock();
+  /* By this thread's deadline: another thread may hold the mutex while it waits for the
+   * registry's lock. */
+  if ((rc = cxr__rt_lock_by(cxr__reg_deadline_get())) != 0) return rc;
   cxr__reg r;
   rc = cxr__reg_lock(&r, true);
   if (rc) {
@@ -315,7 +317,7 @@ int cxr_heap_open(cxr_heap **out, const char *name) {
   if (rc) return rc;
   rc = cxr__rt_ensure();
   if (rc) return rc;
-  cxr__rt_lock();
+  if ((rc = cxr__rt_lock_by(cxr__reg_deadline_get())) != 0) return rc; /* as in create */
   cxr__reg r;
   rc = cxr__reg_lock(&r, false);
   if (rc) {

@@ -60,6 +60,9 @@ struct cxr_heap {
 int cxr__rt_ensure(void);
 void cxr__rt_lock(void);
 void cxr__rt_unlock(void);
+/* cxr__rt_lock, giving up with CXR_ETIMEDOUT at `until` (a cxr_now_ns() time; 0: never):
+ * another thread may hold the mutex while it waits for the registry's lock. */
+int cxr__rt_lock_by(int64_t until);
 uint64_t cxr__rt_next_serial(void);
 /* Maps fd at addr inside the reserved window (libpmem2, MAP_FIXED over our own reservation
  * after checking that nothing else sits there). */

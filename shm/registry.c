@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "shm/internal.h"
+#include "shm/reg_deadline.h"
 
 #define REG_MAGIC 0x0047455252584300ull /* "\0CXRREG" */
 #define REG_VERSION 1u
@@ -27,11 +28,23 @@ int64_t cxr__reg_wait_ns = 10000000000ll;
  * process closing many heaps does not wait the full bound for each. */
 static int reg_stuck;
 
-/* Takes the flock within cxr__reg_wait_ns. flock has no timeout, so a busy lock is polled:
- * yielding for the first 200 us (sections last microseconds; on a small machine the holder
- * may need our CPU to finish), then sleeping 50 us, doubling to 1 ms, between tries. */
+static _Thread_local int64_t reg_until; /* the caller's deadline (reg_deadline.h), or 0 */
+
+int64_t cxr__reg_deadline_get(void) { return reg_until; }
+
+int64_t cxr__reg_deadline_set(int64_t until_ns) {
+  int64_t prev = reg_until;
+  reg_until = until_ns;
+  return prev;
+}
+
+/* Takes the flock within cxr__reg_wait_ns (or by this thread's deadline, if sooner). flock
+ * has no timeout, so a busy lock is polled: yielding for the first 200 us (sections last
+ * microseconds; on a small machine the holder may need our CPU to finish), then sleeping
+ * 50 us, doubling to 1 ms, between tries. */
 static int lock_bounded(int fd) {
   int64_t start = 0, bound = cxr__reg_wait_ns;
+  bool callers = false; /* the bound is the caller's deadline: no sign of a stuck lock */
   long nap_ns = 50000;
   for (;;) {
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
@@ -44,8 +57,13 @@ static int lock_bounded(int fd) {
     if (start == 0) {
       start = now;
       if (__atomic_load_n(&reg_stuck, __ATOMIC_RELAXED)) bound = REG_WAIT_STUCK_NS;
+      if (reg_until != 0 && reg_until - now < bound) {
+        bound = reg_until > now ? reg_until - now : 0;
+        callers = true;
+      }
     }
     int64_t spent = now - start;
+    if (spent >= bound && callers) return CXR_ETIMEDOUT;
     if (spent >= bound) {
       if (bound != REG_WAIT_STUCK_NS)
         CXR_ERR("%s/registry: its lock was not released within %lld ms (a process of the pod "

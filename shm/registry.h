@@ -41,6 +41,8 @@ typedef struct cxr__reg {
  * does not exist and !create; CXR_ETIMEDOUT when its flock stays taken for
  * cxr__reg_wait_ns (any process that can open the file can hold it; 10 s, tests lower it). */
 extern int64_t cxr__reg_wait_ns;
+/* This thread's deadline (shm/reg_deadline.h), or 0. */
+int64_t cxr__reg_deadline_get(void);
 int cxr__reg_lock(cxr__reg *r, bool create);
 /* Unlocks; removes the file when it has no entry left. */
 void cxr__reg_unlock(cxr__reg *r);

@@ -37,6 +37,18 @@ cxr_heap *cxr__heaps;
 
 void cxr__rt_lock(void) { pthread_mutex_lock(&rt_mu); }
 void cxr__rt_unlock(void) { pthread_mutex_unlock(&rt_mu); }
+
+int cxr__rt_lock_by(int64_t until) {
+  if (until == 0) {
+    pthread_mutex_lock(&rt_mu);
+    return 0;
+  }
+  if (pthread_mutex_trylock(&rt_mu) == 0) return 0;
+  int64_t left = until - cxr_now_ns(); /* timedlock takes a CLOCK_REALTIME time */
+  int64_t at = cxr__realtime_ns() + (left > 0 ? left : 0);
+  struct timespec ts = {.tv_sec = (time_t)(at / 1000000000), .tv_nsec = at % 1000000000};
+  return pthread_mutex_timedlock(&rt_mu, &ts) == 0 ? 0 : CXR_ETIMEDOUT;
+}
 uint64_t cxr__rt_next_serial(void) { return atomic_fetch_add(&rt_serial, 1) + 1; }
 
 int64_t cxr__realtime_ns(void) {

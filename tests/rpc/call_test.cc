@@ -4,7 +4,11 @@
 // and the counters read from outside.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -667,6 +671,47 @@ TEST_F(Call, PermissionsDecideWhoConnects) {
   if (WEXITSTATUS(st) == 11) GTEST_SKIP() << "the test binary is not reachable by user nobody";
   // rpc_peer connect exits with -rc: the channel's files are 0600, owned by root.
   EXPECT_EQ(WEXITSTATUS(st), -CXR_EACCES);
+}
+
+TEST_F(Call, AConnectGivesUpByItsTimeoutWhileTheRegistryLockIsHeld) {
+  // A process of the pod takes the registry's lock and keeps it (reading the file is
+  // enough). A connect needs the registry to open its connection heap: it ends with
+  // CXR_ETIMEDOUT by its own connect timeout, not the registry's 10 s bound (before: it
+  // waited as long as the holder lived), the connection we have keeps working, and once the
+  // holder is gone connects work again.
+  std::string reg = std::string(cxr_root()) + "/registry";
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t pid = fork();
+  if (pid == 0) {  // only async-signal-safe calls: the parent has threads
+    int fd = open(reg.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || flock(fd, LOCK_EX) != 0 || write(ready[1], "x", 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  ASSERT_GT(pid, 0);
+  char x;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  cxr_conn_opts co;
+  cxr_conn_opts_init(&co);
+  co.connect_timeout_ns = 300000000;
+  cxr_conn *d = nullptr;
+  int64_t t0 = cxr_now_ns();
+  EXPECT_EQ(cxr_connect(&d, name.c_str(), &co), CXR_ETIMEDOUT);
+  int64_t ms = ms_since(t0);
+  EXPECT_GE(ms, 300);
+  EXPECT_LT(ms, 5000) << "waited for the registry's own bound, not the connect timeout";
+  EXPECT_EQ(d, nullptr);
+  int rc;
+  EXPECT_EQ(add(2, 3, &rc), 5);
+  EXPECT_EQ(rc, 0);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  ASSERT_EQ(cxr_connect(&d, name.c_str(), &co), 0);
+  EXPECT_EQ(cxr_conn_call(d, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(d);
 }
 
 TEST(CallLimits, FullChannelAndRestartedServing) {

@@ -1,0 +1,24 @@
+/*
+ * Private to cxrpc's layers (not a public header): this thread's deadline for the pod
+ * registry's lock. The lock is awaited at most 10 s (shm/registry.c); a caller with a
+ * shorter deadline of its own (a connect and its connect timeout) sets it here around the
+ * heap calls it makes, so that they give up by then too.
+ */
+#ifndef CXRPC_SHM_REG_DEADLINE_H
+#define CXRPC_SHM_REG_DEADLINE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sets this thread's deadline (a cxr_now_ns() time; 0: none) and returns the one it
+ * replaces, for the caller to put back. */
+int64_t cxr__reg_deadline_set(int64_t until_ns);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
