@@ -364,12 +364,17 @@ TEST(Errors, TooManyHolders) {
 
 // A holder that scribbles over the allocator's shared lists (bug or hostility) must not
 // make another crash or hand out memory twice: lists are checked and rebuilt.
+// A 2 MiB heap with 300 live 64-byte blocks, whose metadata the damage cases overwrite.
+static void heap_with_blocks(const std::string &name, cxr_heap **h, std::vector<void *> *live) {
+  ASSERT_EQ(cxr_heap_create(h, name.c_str(), 2 << 20, nullptr), 0);
+  for (int i = 0; i < 300; i++) live->push_back(cxr_heap_alloc(*h, 64));
+}
+
 TEST(Errors, DamagedFreeListsAreRebuiltNotFollowed) {
   std::string name = uniq("damaged");
   cxr_heap *h = nullptr;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, nullptr), 0);
   std::vector<void *> live;
-  for (int i = 0; i < 300; i++) live.push_back(cxr_heap_alloc(h, 64));
+  ASSERT_NO_FATAL_FAILURE(heap_with_blocks(name, &h, &live));
   void *big = cxr_heap_alloc_pages(h, 64 << 10);
   ASSERT_NE(big, nullptr);
   cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
@@ -410,9 +415,8 @@ TEST(Errors, DamageIsLoggedAFewLinesAtATime) {
   // rebuild a second logs at all. Here 100 bad tags and two rebuilds: 200 lines before.
   std::string name = uniq("floodlog");
   cxr_heap *h = nullptr;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 2 << 20, nullptr), 0);
   std::vector<void *> live;
-  for (int i = 0; i < 300; i++) live.push_back(cxr_heap_alloc(h, 64));
+  ASSERT_NO_FATAL_FAILURE(heap_with_blocks(name, &h, &live));
   cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
   for (int i = 0; i < 100; i++) {  // headers 16 bytes before the blocks
     cxr__blk *b = (cxr__blk *)((char *)live[2 * i] - 16);
