@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rpc/client.h"
@@ -72,10 +73,23 @@ static void ctl_trim(void) {
   }
 }
 
-static int ctl_get(const char *channel, cxr__ctl_ref **out) {
+/* Takes ctl_lock by a connect's deadline (a cxr_now_ns() time): another thread may hold it
+ * while it maps a control heap, which waits for the pod registry's lock. */
+static int ctl_lock_by(int64_t until) {
+  if (pthread_mutex_trylock(&ctl_lock) == 0) return 0;
+  int64_t left = until - cxr_now_ns();
+  struct timespec ts; /* timedlock takes a CLOCK_REALTIME time */
+  clock_gettime(CLOCK_REALTIME, &ts);
+  int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (left > 0 ? left : 0);
+  ts.tv_sec = (time_t)(at / 1000000000);
+  ts.tv_nsec = at % 1000000000;
+  return pthread_mutex_timedlock(&ctl_lock, &ts) == 0 ? 0 : CXR_ETIMEDOUT;
+}
+
+static int ctl_get(const char *channel, cxr__ctl_ref **out, int64_t until) {
   char name[CXR_NAME_MAX + 1];
   snprintf(name, sizeof name, "ch.%s", channel);
-  pthread_mutex_lock(&ctl_lock);
+  if (ctl_lock_by(until) != 0) return CXR_ETIMEDOUT;
   for (cxr__ctl_ref **p = &ctl_list; *p != NULL; p = &(*p)->next) {
     cxr__ctl_ref *r = *p;
     if (strcmp(r->name, name) != 0) continue;
@@ -144,10 +158,11 @@ static void ctl_put(cxr__ctl_ref *ref) {
   pthread_mutex_unlock(&ctl_lock);
 }
 
-/* A mapping of connection heap `name` kept from an earlier connection, or NULL. */
-static cxr_heap *spare_take(cxr__ctl_ref *ref, const char *name) {
+/* A mapping of connection heap `name` kept from an earlier connection, or NULL (also when
+ * ctl_lock stays taken until `until`: the caller maps the heap itself, by then too). */
+static cxr_heap *spare_take(cxr__ctl_ref *ref, const char *name, int64_t until) {
   cxr_heap *h = NULL;
-  pthread_mutex_lock(&ctl_lock);
+  if (ctl_lock_by(until) != 0) return NULL;
   for (unsigned i = 0; i < ref->nspare; i++) {
     if (strcmp(cxr_heap_name(ref->spare[i]), name) == 0) {
       h = ref->spare[i];
@@ -285,11 +300,11 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   if (rc != 0 && rc != CXR_EBUSY) return rc;
   pthread_once(&locks_once, locks_install);
   c->fork_epoch = cxr__fork_epoch; /* after cxr_init: its atfork hook bumps the epoch */
-  if ((rc = ctl_get(name, &c->ctl)) != 0) return rc;
+  int64_t give_up = cxr__after(cxr_now_ns(), o->connect_timeout_ns);
+  if ((rc = ctl_get(name, &c->ctl, give_up)) != 0) return rc;
   cxr__chan_block *cb = c->ctl->cb;
   c->cb = cb;
   c->pid = (uint32_t)getpid();
-  int64_t give_up = cxr__after(cxr_now_ns(), o->connect_timeout_ns);
   int k;
   for (;;) {
     bool any_free;
@@ -326,7 +341,7 @@ static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
   memcpy(heap_name, s->heap, sizeof heap_name);
   heap_name[CXR_NAME_MAX] = '\0';
   uint64_t blk_addr = CXR__LDX(&s->conn_block);
-  c->heap = spare_take(c->ctl, heap_name);
+  c->heap = spare_take(c->ctl, heap_name, give_up);
   if (c->heap == NULL && (rc = cxr_heap_open(&c->heap, heap_name)) != 0) goto fail;
   uint32_t ring = c->ctl->ring_slots;
   cxr__conn_block *b = (cxr__conn_block *)(uintptr_t)blk_addr;

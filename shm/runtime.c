@@ -136,6 +136,9 @@ static int check_root(const char *root, bool is_default) {
 
 int cxr_init(const cxr_init_opts *o) {
   pthread_once(&atfork_once, register_atfork);
+  /* Without options a set-up runtime is simply accepted (below, under the mutex, too): no
+   * mutex here, which another thread may hold while it waits for the registry's lock. */
+  if (o == NULL && __atomic_load_n(&rt_inited, __ATOMIC_ACQUIRE)) return 0;
   cxr_init_opts d;
   cxr_init_opts_init(&d);
   const char *root = o && o->root ? o->root : getenv("CXRPC_ROOT");

@@ -673,15 +673,12 @@ TEST_F(Call, PermissionsDecideWhoConnects) {
   EXPECT_EQ(WEXITSTATUS(st), -CXR_EACCES);
 }
 
-TEST_F(Call, AConnectGivesUpByItsTimeoutWhileTheRegistryLockIsHeld) {
-  // A process of the pod takes the registry's lock and keeps it (reading the file is
-  // enough). A connect needs the registry to open its connection heap: it ends with
-  // CXR_ETIMEDOUT by its own connect timeout, not the registry's 10 s bound (before: it
-  // waited as long as the holder lived), the connection we have keeps working, and once the
-  // holder is gone connects work again.
+// A child process that takes the pod registry's lock and keeps it until killed, as any
+// process that can read the file may. Its pid once it holds the lock, or -1.
+pid_t hold_registry_lock() {
   std::string reg = std::string(cxr_root()) + "/registry";
   int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
+  if (pipe(ready) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {  // only async-signal-safe calls: the parent has threads
     int fd = open(reg.c_str(), O_RDONLY | O_CLOEXEC);
@@ -689,9 +686,25 @@ TEST_F(Call, AConnectGivesUpByItsTimeoutWhileTheRegistryLockIsHeld) {
     pause();
     _exit(0);
   }
-  ASSERT_GT(pid, 0);
   char x;
-  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  bool held = pid > 0 && read(ready[0], &x, 1) == 1;
+  close(ready[0]);
+  close(ready[1]);
+  return held ? pid : -1;
+}
+
+void end_holder(pid_t pid) {
+  kill(pid, SIGKILL);  // the kernel drops its lock
+  waitpid(pid, nullptr, 0);
+}
+
+TEST_F(Call, AConnectGivesUpByItsTimeoutWhileTheRegistryLockIsHeld) {
+  // A connect needs the registry to open its connection heap. While another process holds
+  // the registry's lock it ends with CXR_ETIMEDOUT by its own connect timeout, not the
+  // registry's 10 s bound (before: it waited as long as the holder lived), the connection
+  // we have keeps working, and once the holder is gone connects work again.
+  pid_t pid = hold_registry_lock();
+  ASSERT_GT(pid, 0);
   cxr_conn_opts co;
   cxr_conn_opts_init(&co);
   co.connect_timeout_ns = 300000000;
@@ -705,13 +718,47 @@ TEST_F(Call, AConnectGivesUpByItsTimeoutWhileTheRegistryLockIsHeld) {
   int rc;
   EXPECT_EQ(add(2, 3, &rc), 5);
   EXPECT_EQ(rc, 0);
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  close(ready[0]);
-  close(ready[1]);
+  end_holder(pid);
   ASSERT_EQ(cxr_connect(&d, name.c_str(), &co), 0);
   EXPECT_EQ(cxr_conn_call(d, M_NOOP, nullptr, nullptr, nullptr), 0);
   cxr_conn_close(d);
+}
+
+TEST(CallLimits, AConnectIsNotHeldUpByAnotherThreadsLongerOne) {
+  // Two threads connect to channels this process has not connected to yet while another
+  // process holds the registry's lock: one with 4 s to wait, then one with 300 ms. The
+  // first holds rpc's channel-mapping mutex and shm's runtime mutex while it waits; the
+  // second still gives up by its own timeout (before: after the first one's 4 s).
+  std::string x = uniq("slowx"), y = uniq("slowy");
+  cxr_channel *chx = serving(x, 4u << 20, 2, 1), *chy = serving(y, 4u << 20, 2, 1);
+  ASSERT_NE(chx, nullptr);
+  ASSERT_NE(chy, nullptr);
+  pid_t pid = hold_registry_lock();
+  ASSERT_GT(pid, 0);
+  int rc_long = 0;
+  std::thread longer([&] {
+    cxr_conn_opts co;
+    cxr_conn_opts_init(&co);
+    co.connect_timeout_ns = 4000000000;
+    cxr_conn *c = nullptr;
+    rc_long = cxr_connect(&c, x.c_str(), &co);
+    if (c) cxr_conn_close(c);
+  });
+  usleep(100000);  // it is waiting now (if not, the case is only weaker)
+  cxr_conn_opts co;
+  cxr_conn_opts_init(&co);
+  co.connect_timeout_ns = 300000000;
+  cxr_conn *d = nullptr;
+  int64_t t0 = cxr_now_ns();
+  EXPECT_EQ(cxr_connect(&d, y.c_str(), &co), CXR_ETIMEDOUT);
+  EXPECT_LT(ms_since(t0), 2500) << "waited for the other thread's connect";
+  longer.join();
+  EXPECT_EQ(rc_long, CXR_ETIMEDOUT);
+  end_holder(pid);
+  ASSERT_EQ(cxr_connect(&d, y.c_str(), &co), 0);
+  cxr_conn_close(d);
+  cxr_channel_close(chx);
+  cxr_channel_close(chy);
 }
 
 TEST(CallLimits, FullChannelAndRestartedServing) {
