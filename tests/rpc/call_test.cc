@@ -693,6 +693,13 @@ pid_t hold_registry_lock() {
   return held ? pid : -1;
 }
 
+cxr_conn_opts with_connect_timeout(int64_t ns) {
+  cxr_conn_opts co;
+  cxr_conn_opts_init(&co);
+  co.connect_timeout_ns = ns;
+  return co;
+}
+
 void end_holder(pid_t pid) {
   kill(pid, SIGKILL);  // the kernel drops its lock
   waitpid(pid, nullptr, 0);
@@ -705,9 +712,7 @@ TEST_F(Call, AConnectGivesUpByItsTimeoutWhileTheRegistryLockIsHeld) {
   // we have keeps working, and once the holder is gone connects work again.
   pid_t pid = hold_registry_lock();
   ASSERT_GT(pid, 0);
-  cxr_conn_opts co;
-  cxr_conn_opts_init(&co);
-  co.connect_timeout_ns = 300000000;
+  cxr_conn_opts co = with_connect_timeout(300000000);
   cxr_conn *d = nullptr;
   int64_t t0 = cxr_now_ns();
   EXPECT_EQ(cxr_connect(&d, name.c_str(), &co), CXR_ETIMEDOUT);
@@ -737,17 +742,13 @@ TEST(CallLimits, AConnectIsNotHeldUpByAnotherThreadsLongerOne) {
   ASSERT_GT(pid, 0);
   int rc_long = 0;
   std::thread longer([&] {
-    cxr_conn_opts co;
-    cxr_conn_opts_init(&co);
-    co.connect_timeout_ns = 4000000000;
+    cxr_conn_opts co = with_connect_timeout(4000000000);
     cxr_conn *c = nullptr;
     rc_long = cxr_connect(&c, x.c_str(), &co);
     if (c) cxr_conn_close(c);
   });
   usleep(100000);  // it is waiting now (if not, the case is only weaker)
-  cxr_conn_opts co;
-  cxr_conn_opts_init(&co);
-  co.connect_timeout_ns = 300000000;
+  cxr_conn_opts co = with_connect_timeout(300000000);
   cxr_conn *d = nullptr;
   int64_t t0 = cxr_now_ns();
   EXPECT_EQ(cxr_connect(&d, y.c_str(), &co), CXR_ETIMEDOUT);
