@@ -70,6 +70,8 @@ int cxr__rt_map(int fd, uintptr_t addr, size_t size, struct pmem2_map **out);
 void cxr__rt_unmap(struct pmem2_map **pm);
 bool cxr__rt_in_window(uint64_t addr, uint64_t size);
 int64_t cxr__realtime_ns(void);
+/* pthread_mutex_timedlock for at most wait_ns from now: 0 or its error (ETIMEDOUT, ...). */
+int cxr__mutex_lock_within(pthread_mutex_t *m, int64_t wait_ns);
 int64_t cxr__lease_ns(void);   /* CXRPC_LEASE_MS, default 10 s */
 /* Process-local lists (under cxr__rt_lock). */
 extern cxr__map *cxr__maps;

@@ -7,7 +7,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "shm/meta.h"
 
@@ -164,17 +163,11 @@ _Thread_local int cxr__lock_reaped;
 #define LOCK_WAIT_NS 2000000000ll
 #define LOCK_WAIT_STUCK_NS 10000000ll
 
-static int lock_timed(pthread_mutex_t *m, int64_t wait_ns) {
-  int64_t until = cxr__realtime_ns() + wait_ns; /* pthread_mutex_timedlock's clock */
-  struct timespec ts = {.tv_sec = (time_t)(until / 1000000000), .tv_nsec = until % 1000000000};
-  return pthread_mutex_timedlock(m, &ts);
-}
-
 int cxr__heap_lock(cxr_heap *h) {
   int rc = pthread_mutex_trylock(&h->hdr->lock); /* no clock read when it is free */
   if (rc == EBUSY) {
     bool stuck = __atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED);
-    rc = lock_timed(&h->hdr->lock, stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS);
+    rc = cxr__mutex_lock_within(&h->hdr->lock, stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS);
     if (rc == ETIMEDOUT) {
       if (!stuck)
         CXR_ERR("heap %s: its lock was not released within %lld s (a holder is stopped, or "

@@ -44,10 +44,14 @@ int cxr__rt_lock_by(int64_t until) {
     return 0;
   }
   if (pthread_mutex_trylock(&rt_mu) == 0) return 0;
-  int64_t left = until - cxr_now_ns(); /* timedlock takes a CLOCK_REALTIME time */
-  int64_t at = cxr__realtime_ns() + (left > 0 ? left : 0);
+  int64_t left = until - cxr_now_ns();
+  return cxr__mutex_lock_within(&rt_mu, left > 0 ? left : 0) == 0 ? 0 : CXR_ETIMEDOUT;
+}
+
+int cxr__mutex_lock_within(pthread_mutex_t *m, int64_t wait_ns) {
+  int64_t at = cxr__realtime_ns() + wait_ns; /* pthread_mutex_timedlock's clock */
   struct timespec ts = {.tv_sec = (time_t)(at / 1000000000), .tv_nsec = at % 1000000000};
-  return pthread_mutex_timedlock(&rt_mu, &ts) == 0 ? 0 : CXR_ETIMEDOUT;
+  return pthread_mutex_timedlock(m, &ts);
 }
 uint64_t cxr__rt_next_serial(void) { return atomic_fetch_add(&rt_serial, 1) + 1; }
 
