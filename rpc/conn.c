@@ -293,14 +293,15 @@ static void locks_give(void) {
 static pthread_once_t locks_once = PTHREAD_ONCE_INIT;
 static void locks_install(void) { pthread_atfork(locks_take, locks_give, locks_give); }
 
-static int connect_pod(cxr_conn *c, const char *name, const cxr_conn_opts *o) {
+/* give_up: the connect timeout's end (a cxr_now_ns() time), also this thread's registry
+ * deadline meanwhile (set by cxr_connect). */
+static int connect_pod(cxr_conn *c, const char *name, int64_t give_up) {
   if (strnlen(name, CXR__CHAN_NAME_MAX + 1) > CXR__CHAN_NAME_MAX) return CXR_ENAMETOOLONG;
   if (name[0] == '\0') return CXR_EINVAL;
   int rc = cxr_init(NULL);
   if (rc != 0 && rc != CXR_EBUSY) return rc;
   pthread_once(&locks_once, locks_install);
   c->fork_epoch = cxr__fork_epoch; /* after cxr_init: its atfork hook bumps the epoch */
-  int64_t give_up = cxr__after(cxr_now_ns(), o->connect_timeout_ns);
   if ((rc = ctl_get(name, &c->ctl, give_up)) != 0) return rc;
   cxr__chan_block *cb = c->ctl->cb;
   c->cb = cb;
@@ -390,8 +391,9 @@ int cxr_connect(cxr_conn **out, const char *target, const cxr_conn_opts *opts) {
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->qlock, NULL);
   /* The heap opens give up by the connect timeout, also on a registry lock nobody frees. */
-  int64_t prev = cxr__reg_deadline_set(cxr__after(cxr_now_ns(), o.connect_timeout_ns));
-  int rc = connect_pod(c, target, &o);
+  int64_t give_up = cxr__after(cxr_now_ns(), o.connect_timeout_ns);
+  int64_t prev = cxr__reg_deadline_set(give_up);
+  int rc = connect_pod(c, target, give_up);
   cxr__reg_deadline_set(prev);
   if (rc != 0) {
     cxr__conn_table_fini(c);
