@@ -149,7 +149,7 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
                    .waddr_len = (uint32_t)walen, .nexps = (uint32_t)n};
   struct iovec iov = {buf, off};
   /* buf goes with the reply: UCX may read it after a reply given up at its deadline. */
-  int rc = cxr__rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, buf, 0);
+  int rc = cxr__rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, buf, NULL, 0);
   if (rc) CXR_DEBUG("rdma: hello reply failed: %s", cxr_strerror(rc));
 }
 

@@ -192,6 +192,8 @@ typedef struct rdma_op {
   uint64_t value;     /* atomics: compare/swap operand in, old value out */
   void *hdr_copy;     /* the header, then a send's iov array (niov > 1); freed with the op */
   void *owned;        /* caller's buffer handed over with the send, freed with the op */
+  void (*owned_free)(void *);  /* how (NULL: free); runs inside a UCX callback, so it must
+                                  not call UCX */
   atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops) */
   cxr_rdma *keep;     /* set: ended with an error, the op is parked on keep->graves, not freed */
   struct rdma_op *next;  /* on keep->graves */
@@ -218,10 +220,13 @@ int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline_
 int64_t cxr__deadline(int64_t deadline_ns);
 void cxr__wake(cxr_rdma *r);
 /* cxr_rdma_reply for any id 1-255: the engine's own replies (ids below 16) go through it.
- * `owned` (malloc'd, or NULL; may hold data iov points to) is freed once UCX no longer needs
- * it, also when the wait gives up at the deadline or the reply fails. */
+ * `owned` (or NULL; may hold data iov points to) is freed once UCX no longer needs it, also
+ * when the wait gives up at the deadline or the reply fails: by owned_free, or free() when
+ * that is NULL. owned_free is how a caller learns that UCX has let go of the data (it may
+ * run inside a UCX callback on any thread that progresses the worker: no UCX calls in it). */
 int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
-                    const struct iovec *iov, size_t niov, void *owned, int64_t deadline_ns);
+                    const struct iovec *iov, size_t niov, void *owned,
+                    void (*owned_free)(void *), int64_t deadline_ns);
 /* Sends on an endpoint that other threads may end meanwhile: its status if it failed. */
 int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, int64_t deadline_ns, bool wait);

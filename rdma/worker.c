@@ -65,8 +65,15 @@ rdma_op *cxr__op_new(void) {
 /* Frees an op and what it owns. */
 static void op_free(rdma_op *op) {
   free(op->hdr_copy);
-  free(op->owned);
+  if (op->owned_free) op->owned_free(op->owned);
+  else free(op->owned);
   free(op);
+}
+
+/* What a send that never reached UCX hands back. */
+static void owned_drop(void *owned, void (*owned_free)(void *)) {
+  if (owned_free) owned_free(owned);
+  else free(owned);
 }
 
 void cxr__op_release(rdma_op *op) {
@@ -381,18 +388,19 @@ static bool iov_ok(const struct iovec *iov, size_t niov) {
 /* Sends on `uep`, or when `ep` is given on its handle (taken only while posting). */
 static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsigned flags,
                    const void *hdr, size_t hlen, const struct iovec *iov, size_t niov,
-                   int64_t deadline, bool wait, void *owned) {
+                   int64_t deadline, bool wait, void *owned, void (*owned_free)(void *)) {
   if (hlen > HDR_MAX || (hlen && hdr == NULL) || (niov && (iov == NULL || !iov_ok(iov, niov))) ||
       (uep == NULL && ep == NULL)) {
-    free(owned);
+    owned_drop(owned, owned_free);
     return uep == NULL && ep == NULL ? CXR_ENOTCONN : CXR_EINVAL;
   }
   rdma_op *op = cxr__op_new();
   if (op == NULL) {
-    free(owned);
+    owned_drop(owned, owned_free);
     return CXR_ENOMEM;
   }
   op->owned = owned;
+  op->owned_free = owned_free;
   /* The header, and the iov array when there are several entries, are copied (one block)
    * so that a send abandoned at its deadline never reads a dead stack frame or an array the
    * caller reused: UCX keeps pointing at both, and reads the array as it sends, until the
@@ -445,13 +453,13 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
 
 int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, int64_t deadline, bool wait) {
-  return am_send(ep->r, ep, NULL, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL);
+  return am_send(ep->r, ep, NULL, id, flags, hdr, hlen, iov, niov, deadline, wait, NULL, NULL);
 }
 
 int cxr__am_send_owned(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                        const struct iovec *iov, size_t niov, void *owned, int64_t deadline) {
   return am_send(ep->r, ep, NULL, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov, deadline,
-                 true, owned);
+                 true, owned, NULL);
 }
 
 int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
@@ -470,22 +478,23 @@ int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
 int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                    const struct iovec *iov, size_t niov, int64_t deadline_ns) {
   if (id < CXR_RDMA_AM_USER_MIN) return CXR_EINVAL; /* below: the engine's own ids */
-  return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, NULL, deadline_ns);
+  return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, NULL, NULL, deadline_ns);
 }
 
 int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
-                    const struct iovec *iov, size_t niov, void *owned, int64_t deadline_ns) {
+                    const struct iovec *iov, size_t niov, void *owned,
+                    void (*owned_free)(void *), int64_t deadline_ns) {
   int rc = 0;
   if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) rc = CXR_EINVAL;
   else if (cxr__rdma_copy(m->r)) rc = CXR_ECLOSED;
   else if (m->reply_ep == NULL) rc = CXR_ENOTCONN;
   else if (m->ref) rc = atomic_load(&m->ref->status);
   if (rc) {
-    free(owned);
+    owned_drop(owned, owned_free);
     return rc;
   }
   return am_send(m->r, NULL, m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
-                 cxr__deadline(deadline_ns), true, owned);
+                 cxr__deadline(deadline_ns), true, owned, owned_free);
 }
 
 /* ---- the progress thread ---- */

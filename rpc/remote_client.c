@@ -349,6 +349,20 @@ static void rconn_free(cxr_conn *c) {
   free(c);
 }
 
+/* A connect that fails after its OPEN went out (deadline, a refused replica) tells the
+ * server to drop what the OPEN made there, without waiting for the answer: with a pooled
+ * endpoint the server hears of no endpoint failure, so the connection would otherwise stay
+ * until the channel closes. Without the OPEN's answer the server knows it by our token and
+ * heap address; the OPEN, sent before on the same endpoint, reaches it first. */
+static void abandon_open(struct cxr__rconn *x) {
+  bool answered = __atomic_load_n(&x->open_done, __ATOMIC_ACQUIRE) && x->open_rep.status == 0;
+  r_close cl = {.magic = R_MAGIC, .conn_id = answered ? x->open_rep.conn_id : 0,
+                .token = x->token, .heap_addr = x->hc_addr};
+  int rc = cxr_rdma_am_post(x->ep, R_CLOSE, &cl, sizeof cl, NULL, 0);
+  if (rc) CXR_DEBUG("remote %s: close after a failed connect not sent: %s", x->chan,
+                    cxr_strerror(rc));
+}
+
 static size_t remote_heap_size(void) {
   const char *s = getenv("CXRPC_REMOTE_HEAP_MB");
   unsigned long mb = s && *s ? strtoul(s, NULL, 10) : 0;
@@ -459,15 +473,12 @@ again:
   x->rs_size = x->open_rep.rs_size;
   rc = x->rs_size == 0 || x->rs_size > (64ull << 30) ? CXR_EPROTO  /* a peer's word: bound it */
                                                     : cxr__rem_replica_map(x->rs_addr, x->rs_size);
-  if (rc != 0) {
-    r_close cl = {.magic = R_MAGIC, .conn_id = x->conn_id};
-    cxr_rdma_am_post(x->ep, R_CLOSE, &cl, sizeof cl, NULL, 0);
-    goto fail;
-  }
+  if (rc != 0) goto fail;
   x->rs_mapped = true;
   *out = c;
   return 0;
 fail:
+  if (x->open_sent && x->ep) abandon_open(x);
   rconn_free(c);
   return rc;
 }

@@ -17,6 +17,25 @@ typedef struct rres {
   uint64_t *blocks;
 } rres;
 
+/* A connection's result heap, shared with the replies UCX may still be sending from it: a
+ * reply whose wait gave up at its deadline (a client that does not take it) stays UCX's
+ * until it is sent or its endpoint ends, and the connection may be gone by then. The heap
+ * goes back to the spares, or is closed, only when the connection and every such reply have
+ * let go: given to the next connection earlier, that one's results would go out in this
+ * one's late reply; closed earlier, UCX would read unmapped memory. */
+typedef struct rheap {
+  int refs;    /* atomic: the connection, and each reply with ranges that UCX holds */
+  cxr_heap *hs;
+  spares *to;  /* where it goes at the end (set before the connection lets go); NULL: closed */
+} rheap;
+
+static void rheap_put(rheap *h) {
+  if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (h->to) cxr__rem_spare_give(h->to, h->hs);
+  else cxr_heap_close(h->hs);
+  free(h);
+}
+
 typedef struct rsconn {
   struct rsconn *next;
   cxr_rdma_ep *ep;   /* the accepted endpoint it came through (NULL: a pooled one) */
@@ -24,6 +43,7 @@ typedef struct rsconn {
   uintptr_t hc_addr;
   size_t hc_size;
   cxr_heap *hs;
+  rheap *held;       /* hs, shared with replies in flight (see rheap) */
   cxr__sconn sc;     /* what cxr_call_heap and the counters read */
   cxr__cslot slot;
   char who[64];
@@ -126,7 +146,8 @@ static void release_root(rsconn *c, uint64_t root) {
 static void close_ack(cxr_rdma_msg *m) {
   size_t hl;
   const r_close *h = cxr_rdma_msg_hdr(m, &hl);
-  r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token};
+  r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token,
+                 .heap_addr = h->heap_addr};
   cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, NULL, 0, 0);
 }
 
@@ -134,8 +155,9 @@ static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
   while (c->nres) res_free(c, 0);
   free(c->res);
   pthread_mutex_destroy(&c->rlock);
-  if (l) cxr__rem_spare_give(&l->heaps, c->hs);
-  else if (c->hs) cxr_heap_close(c->hs);
+  c->held->to = l ? &l->heaps : NULL; /* (l NULL: the engine is closed, no reply is left) */
+  rheap_put(c->held);
+  /* Replies ship copies of what they send from the replica (reply_call): it can go now. */
   cxr__rem_replica_unmap(c->hc_addr, c->hc_size);
   cxr_rdma_msg *m = c->close_msg;
   bool kept = c->dead; /* kept by retire() while calls ran: ours to free */
@@ -208,14 +230,18 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   int rc = cxr__rem_replica_map(op.heap_addr, op.heap_size);
   if (rc) return reply_open(m, rc, op.token, 0, NULL);
   rsconn *c = calloc(1, sizeof *c);
-  rc = c ? 0 : CXR_ENOMEM;
-  if (c && (c->hs = cxr__rem_spare_take(&l->heaps, ch->o.conn_heap_size)) == NULL)
+  rheap *held = calloc(1, sizeof *held);
+  rc = c && held ? 0 : CXR_ENOMEM;
+  if (rc == 0 && (c->hs = cxr__rem_spare_take(&l->heaps, ch->o.conn_heap_size)) == NULL)
     rc = cxr__rem_heap_new(&c->hs, "rs", ch->name, ch->o.conn_heap_size);
   if (rc) {
+    free(held);
     free(c);
     cxr__rem_replica_unmap(op.heap_addr, op.heap_size);
     return reply_open(m, rc, op.token, 0, NULL);
   }
+  *held = (rheap){.refs = 1, .hs = c->hs};
+  c->held = held;
   pthread_mutex_init(&c->rlock, NULL);
   c->id = id;
   c->token = op.token;
@@ -246,8 +272,11 @@ static void on_close(cxr_rdma_msg *m, void *user) {
   if (hl != sizeof *h || h->magic != R_MAGIC) return;
   pthread_mutex_lock(&l->lock);
   rsconn *c = NULL;
+  /* By id, or (id 0: a connect that gave up before our answer) by heap address; the token
+   * must be the one its OPEN came with either way. */
   for (rsconn **pp = &l->conns; *pp; pp = &(*pp)->next)
-    if ((*pp)->id == h->conn_id) {
+    if ((*pp)->token == h->token && (h->conn_id ? (*pp)->id == h->conn_id
+                                                : (*pp)->hc_addr == h->heap_addr)) {
       c = *pp;
       *pp = c->next;
       l->nconns--;
@@ -258,32 +287,70 @@ static void on_close(cxr_rdma_msg *m, void *user) {
   else close_ack(m);
 }
 
-static void reply_call(cxr_rdma_msg *m, const r_call *h, uint64_t token, int st, void *result,
-                       const cxr_range *rg, size_t nr) {
+/* What a reply hands UCX with its data: the range table, then copies of the bytes it ships
+ * from the client's replica (which goes with the connection, maybe before UCX is done), and
+ * a hold on the result heap the other ranges lie in (see rheap). */
+typedef struct reply_own {
+  rheap *held;
+  r_range tab[];
+} reply_own;
+
+static void reply_own_free(void *p) { /* inside a UCX callback: no UCX calls */
+  reply_own *o = p;
+  if (o == NULL) return;
+  if (o->held) rheap_put(o->held);
+  free(o);
+}
+
+/* c: the connection the result ranges belong to (NULL when there are none). */
+static void reply_call(rsconn *c, cxr_rdma_msg *m, const r_call *h, uint64_t token, int st,
+                       void *result, const cxr_range *rg, size_t nr) {
   r_call_rep rep = {.magic = R_MAGIC, .status = st, .token = token, .call_id = h->call_id,
-                    .result = (uint64_t)(uintptr_t)result, .nranges = (uint32_t)nr};
+                    .result = (uint64_t)(uintptr_t)result};
+  if (c == NULL) nr = 0;
+  rep.nranges = (uint32_t)nr;
+  size_t copied = 0;
+  for (size_t i = 0; i < nr; i++)
+    if (cxr__rem_inside((uintptr_t)rg[i].p, rg[i].len, c->hc_addr, c->hc_size)) copied += rg[i].len;
   struct iovec stack_iov[9];
   struct iovec *iov = nr + 1 <= 9 ? stack_iov : malloc((nr + 1) * sizeof *iov);
-  r_range *tab = malloc(nr ? nr * sizeof *tab : 1);
-  if (iov == NULL || tab == NULL) {
+  reply_own *own = nr && copied <= SIZE_MAX - sizeof *own - nr * sizeof(r_range)
+                       ? malloc(sizeof *own + nr * sizeof(r_range) + copied)
+                       : NULL;
+  if (nr && (iov == NULL || own == NULL)) {
     rep.status = CXR_ENOMEM, rep.result = 0, rep.nranges = 0, nr = 0;
   }
   size_t n = 0;
-  if (nr) iov[n++] = (struct iovec){tab, nr * sizeof *tab};
-  for (size_t i = 0; i < nr; i++) {
-    tab[i] = (r_range){(uint64_t)(uintptr_t)rg[i].p, rg[i].len};
-    if (rg[i].len) iov[n++] = (struct iovec){(void *)rg[i].p, rg[i].len};
+  if (nr) {
+    own->held = c->held;
+    __atomic_add_fetch(&c->held->refs, 1, __ATOMIC_RELAXED); /* the connection holds one */
+    iov[n++] = (struct iovec){own->tab, nr * sizeof(r_range)};
   }
-  /* tab goes with the reply (UCX may read it after a reply given up at its deadline); the
-   * engine copies the iov array. */
-  int rc = cxr__rdma_reply(m, R_CALL_REP, &rep, sizeof rep, n ? iov : NULL, n, tab, 0);
+  char *copy = nr ? (char *)&own->tab[nr] : NULL;
+  for (size_t i = 0; i < nr; i++) {
+    own->tab[i] = (r_range){(uint64_t)(uintptr_t)rg[i].p, rg[i].len};
+    if (rg[i].len == 0) continue;
+    const void *from = rg[i].p;
+    if (cxr__rem_inside((uintptr_t)from, rg[i].len, c->hc_addr, c->hc_size)) {
+      memcpy(copy, from, rg[i].len);
+      from = copy;
+      copy += rg[i].len;
+    }
+    iov[n++] = (struct iovec){(void *)from, rg[i].len};
+  }
+  /* own goes with the reply, freed (and the heap let go) once UCX is done with it, also
+   * after a reply given up at its deadline; the engine copies the iov array. */
+  int rc = cxr__rdma_reply(m, R_CALL_REP, &rep, sizeof rep, n ? iov : NULL, n, nr ? own : NULL,
+                           reply_own_free, 0);
   if (rc) CXR_DEBUG("remote: reply to call %llx failed: %s", (unsigned long long)h->call_id,
                     cxr_strerror(rc));
+  if (nr == 0) free(own);
   if (iov != stack_iov) free(iov);
 }
 
-/* Checks a call's data against the replica and copies it in. */
-static int land_args(rsconn *c, const r_call *h, const char *d, size_t dl, const char **inl) {
+/* Checks a call's data against the replica and gives back the results it releases; the
+ * argument bytes land (land_args) only if the call runs. */
+static int check_args(rsconn *c, const r_call *h, const char *d, size_t dl, const char **inl) {
   if (h->nranges > R_MAX_RANGES || h->nrel > R_MAX_REL || h->inline_len > CXR__INLINE_MAX)
     return CXR_EPROTO;
   size_t meta = h->nranges * sizeof(r_range) + h->nrel * sizeof(uint64_t) + h->inline_len;
@@ -298,12 +365,6 @@ static int land_args(rsconn *c, const r_call *h, const char *d, size_t dl, const
     total += g.len;
   }
   if (off + total != dl) return CXR_EPROTO;
-  for (uint32_t i = 0; i < h->nranges; i++) {
-    r_range g;
-    memcpy(&g, tab + i * sizeof g, sizeof g);
-    if (g.len) memcpy((void *)(uintptr_t)g.addr, d + off, g.len);
-    off += g.len;
-  }
   for (uint32_t i = 0; i < h->nrel; i++) {
     uint64_t root;
     memcpy(&root, d + h->nranges * sizeof(r_range) + i * sizeof root, sizeof root);
@@ -311,6 +372,19 @@ static int land_args(rsconn *c, const r_call *h, const char *d, size_t dl, const
   }
   *inl = d + h->nranges * sizeof(r_range) + h->nrel * sizeof(uint64_t);
   return 0;
+}
+
+/* Copies a checked call's argument bytes into the replica. Only for a call that runs: the
+ * bytes of one that expired or was cancelled while it waited for a worker are as old as the
+ * call, and the client may have given its block to a newer call that shipped it since. */
+static void land_args(rsconn *c, const r_call *h, const char *d) {
+  size_t off = h->nranges * sizeof(r_range) + h->nrel * sizeof(uint64_t) + h->inline_len;
+  for (uint32_t i = 0; i < h->nranges; i++) {
+    r_range g;
+    memcpy(&g, d + i * sizeof g, sizeof g);
+    if (g.len) memcpy((void *)(uintptr_t)g.addr, d + off, g.len);
+    off += g.len;
+  }
 }
 
 /* Records which blocks of our heap a result occupies, so a release frees them all. */
@@ -399,7 +473,7 @@ static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m, int64_t arrived
   if (hl != sizeof *hp || hp->magic != R_MAGIC) return;
   r_call h = *hp;
   rsconn *c = rs_get(l, h.conn_id);
-  if (c == NULL) return reply_call(m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
+  if (c == NULL) return reply_call(NULL, m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
   run_call(l, m, &h, c, arrived);
   rs_put(l, c);
 }
@@ -445,7 +519,7 @@ static void on_call(cxr_rdma_msg *m, void *user) {
     free(j);
     size_t hl;
     const r_call *hp = cxr_rdma_msg_hdr(m, &hl);
-    if (hl == sizeof *hp) reply_call(m, hp, 0, j ? CXR_ECLOSED : CXR_ENOMEM, NULL, NULL, 0);
+    if (hl == sizeof *hp) reply_call(NULL, m, hp, 0, j ? CXR_ECLOSED : CXR_ENOMEM, NULL, NULL, 0);
   }
 }
 
@@ -459,10 +533,10 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
   CXR__ADD(&ctr->calls, 1);
   CXR__ADD(&ctr->bytes_in, dl);
   const char *inl = NULL;
-  int st = land_args(c, &h, d, dl, &inl);
+  int st = check_args(c, &h, d, dl, &inl);
   if (st) {
     CXR__ADD(&ctr->malformed, 1);
-    return reply_call(m, &h, c->token, st, NULL, NULL, 0);
+    return reply_call(c, m, &h, c->token, st, NULL, NULL, 0);
   }
   unsigned char inl_buf[CXR__INLINE_MAX] __attribute__((aligned(16)));
   struct cxr__rcall rcall = {.rc = c};
@@ -474,7 +548,7 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
     call.arg_len = h.inline_len;
   } else if (h.args != 0) {
     if (!cxr__rem_inside(h.args, h.arg_len ? h.arg_len : 1, c->hc_addr, c->hc_size))
-      return reply_call(m, &h, c->token, CXR_EBADPTR, NULL, NULL, 0);
+      return reply_call(c, m, &h, c->token, CXR_EBADPTR, NULL, NULL, 0);
     call.args = (const void *)(uintptr_t)h.args;
     call.arg_len = h.arg_len;
   }
@@ -494,6 +568,7 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
     CXR__ADD(&ctr->cancelled, 1);
   }
   if (st == 0) {
+    land_args(c, &h, d);
     /* The client's clock is not ours: its deadline arrives as time left, from arrival. */
     call.deadline = deadline;
     st = cxr__dispatch(&call, me->fn, me->user, &result);
@@ -534,7 +609,7 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
   size_t out = 0;
   for (size_t i = 0; i < nr; i++) out += rg[i].len;
   CXR__ADD(&ctr->bytes_out, out);
-  reply_call(m, &h, c->token, st, result, rg, nr);
+  reply_call(c, m, &h, c->token, st, result, rg, nr);
   free(rcall.ranges);
 }
 

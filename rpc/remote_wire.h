@@ -7,7 +7,8 @@
  *                              inline bytes, then the bytes of each range in order
  *   CALL_REP server -> client  r_call_rep; data: r_range[nranges], then the bytes
  *   CLOSE    client -> server  r_close                     (reply CLOSE_REP r_close, the
- *                              client reuses its heap only after it)
+ *                              client reuses its heap only after it; also sent, unanswered
+ *                              by anyone, when a connect gives up after its OPEN)
  *   CANCEL   client -> server  r_cancel                    (no reply: the client gave up on
  *                              call_id; best effort, the server may have answered already)
  */
@@ -62,8 +63,10 @@ typedef struct r_call_rep {
 
 typedef struct r_close {
   uint32_t magic, pad;
-  uint64_t conn_id;
-  uint64_t token;  /* the client's, echoed in CLOSE_REP */
+  uint64_t conn_id;   /* 0: the connection opened with heap_addr and token (a connect that
+                         gave up before the OPEN's answer, which has the id) */
+  uint64_t token;     /* the client's, as sent in OPEN; echoed in CLOSE_REP */
+  uint64_t heap_addr; /* the client's heap, as sent in OPEN */
 } r_close;
 
 typedef struct r_cancel {

@@ -15,6 +15,9 @@
  *                            until that handler stopped: "ok <started> <stopped>" (the
  *                            server's counts of such handlers) | "err <code>"
  *       cycles N          -> N times connect + call + close: "ok" | first failure
+ *       giveup N US       -> N connects with a timeout of US microseconds each (those that
+ *                            make it are closed at once): "ok <gave up> <connected>" | the
+ *                            first other failure
  *       queued DL         -> two calls that sleep 1 s occupy the server's two workers, and a
  *                            spin call with a deadline of DL ms waits behind them; then
  *                            "ok <spin call's code> <spin handlers started>"
@@ -27,6 +30,13 @@
  *                            connects on its own: both must be refused (CXR_ECLOSED: UCX is
  *                            not fork-safe): "ok <child's exit status>" (0, or the step that
  *                            was not refused)
+ *       fill N BYTE       -> a call whose result is N bytes of BYTE in the server's result
+ *                            heap: "ok <result address> <result heap base>" once every byte
+ *                            is BYTE | "err <code>" | "bad <offset of the first wrong byte>"
+ *       argsback N        -> a call with N bytes of arguments (byte i = i % 251) whose
+ *                            handler adds 1 to each in its replica and names them as part of
+ *                            its result: "ok" once the client's own block holds i % 251 + 1
+ *                            and the result points at it | "err <code>" | "bad <what>"
  *       failgraph N       -> N calls whose handler builds a result graph (root, name, three
  *                            nodes, its ranges set) and then fails: "ok <bytes used in the
  *                            server's result heap before> <after>" | "err <code>"
@@ -43,7 +53,12 @@
 #include "tests/rpc/spin.h"
 
 enum { M_GRAPH = 1, M_NOOP = 2, M_SLEEP = 3, M_WHOAMI = 4, M_SPIN = 5, M_SPIN_COUNTS = 6,
-       M_FAIL_GRAPH = 7, M_HEAP_USED = 8 };
+       M_FAIL_GRAPH = 7, M_HEAP_USED = 8, M_FILL = 9, M_ARGS_BACK = 10 };
+
+/* M_FILL's arguments (inline): its result is n bytes of `byte`. */
+typedef struct fill_args {
+  int64_t n, byte;
+} fill_args;
 
 typedef struct node {
   int64_t v;
@@ -180,6 +195,37 @@ static int h_heap_used(cxr_call *call, const void *args, void **result, void *us
   return 0;
 }
 
+static int h_fill(cxr_call *call, const void *args, void **result, void *user) {
+  fill_args fa;
+  if (args == NULL) return CXR_EINVAL;
+  memcpy(&fa, args, sizeof fa);
+  if (fa.n <= 0 || fa.n > (64 << 20)) return CXR_EINVAL;
+  void *p = cxr_heap_alloc(cxr_call_heap(call), (size_t)fa.n);
+  if (p == NULL) return CXR_ENOMEM;
+  memset(p, (int)fa.byte, (size_t)fa.n);
+  *result = p;
+  return 0;
+}
+
+/* M_ARGS_BACK: the arguments, each byte plus one, go back as part of the result graph
+ * (across racks: from the server's replica of the client's heap). */
+static int h_args_back(cxr_call *call, const void *args, void **result, void *user) {
+  cxr_range ar = cxr_call_arg_range(call);
+  size_t n = cxr_call_arg_len(call);
+  if (n == 0 || !in(ar, args, n)) return CXR_EBADPTR;
+  unsigned char *b = (unsigned char *)args; /* the handler's own copy across racks */
+  for (size_t i = 0; i < n; i++) {
+    if (b[i] != i % 251) return CXR_EPROTO;
+    b[i]++;
+  }
+  const void **root = cxr_heap_alloc(cxr_call_heap(call), sizeof *root);
+  if (root == NULL) return CXR_ENOMEM;
+  *root = args;
+  cxr_range rg[2] = {{root, sizeof *root}, {args, n}};
+  *result = root;
+  return cxr_call_set_result_ranges(call, rg, 2);
+}
+
 static int server(const char *name, const char *listen) {
   cxr_channel_opts o;
   cxr_channel_opts_init(&o);
@@ -195,6 +241,8 @@ static int server(const char *name, const char *listen) {
   if (rc == 0) rc = cxr_channel_on(ch, M_SPIN_COUNTS, h_spin_counts, NULL);
   if (rc == 0) rc = cxr_channel_on(ch, M_FAIL_GRAPH, h_fail_graph, NULL);
   if (rc == 0) rc = cxr_channel_on(ch, M_HEAP_USED, h_heap_used, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_FILL, h_fill, NULL);
+  if (rc == 0) rc = cxr_channel_on(ch, M_ARGS_BACK, h_args_back, NULL);
   if (rc == 0) rc = cxr_channel_start(ch);
   if (rc) {
     printf("err %d\n", rc);
@@ -359,6 +407,20 @@ static int client(const char *t) {
       }
       if (rc) printf("err %d\n", rc);
       else printf("ok\n");
+    } else if (sscanf(line, "giveup %ld %ld", &a, &b) == 2) {
+      long gave_up = 0, made = 0;
+      int rc = 0;
+      for (long i = 0; i < a && rc == 0; i++) {
+        cxr_conn *g = NULL;
+        cxr_conn_opts o;
+        cxr_conn_opts_init(&o);
+        o.connect_timeout_ns = b * 1000;
+        rc = cxr_connect(&g, target, &o);
+        if (rc == CXR_ETIMEDOUT) gave_up++, rc = 0;
+        else if (rc == 0) made++, cxr_conn_close(g);
+      }
+      if (rc) printf("err %d\n", rc);
+      else printf("ok %ld %ld\n", gave_up, made);
     } else if (conn == NULL) {
       printf("err %d\n", CXR_ENOTCONN);
     } else if (sscanf(line, "graph %ld", &a) == 1) {
@@ -500,6 +562,40 @@ static int client(const char *t) {
       else printf("ok %lld\n", (long long)(after[0] - before[0]));
       cxr_conn_free(conn, before);
       cxr_conn_free(conn, after);
+    } else if (sscanf(line, "fill %ld %ld", &a, &b) == 2) {
+      fill_args fa = {a, b};
+      cxr_call_opts co;
+      cxr_call_opts_init(&co);
+      co.flags = CXR_CALL_INLINE;
+      co.arg_len = sizeof fa;
+      unsigned char *res = NULL;
+      int rc = cxr_conn_call(conn, M_FILL, &fa, (void **)&res, &co);
+      long bad = -1;
+      for (long i = 0; rc == 0 && res != NULL && i < a && bad < 0; i++)
+        if (res[i] != (unsigned char)b) bad = i;
+      if (rc) printf("err %d\n", rc);
+      else if (res == NULL) printf("err %d\n", CXR_EPROTO);
+      else if (bad >= 0) printf("bad %ld\n", bad);
+      else printf("ok %p %p\n", (void *)res, cxr_conn_result_range(conn).p);
+      cxr_conn_free(conn, res);
+    } else if (sscanf(line, "argsback %ld", &a) == 1) {
+      unsigned char *b = a > 0 ? cxr_heap_alloc(cxr_conn_heap(conn), (size_t)a) : NULL;
+      void **res = NULL;
+      int rc = b ? 0 : CXR_ENOMEM;
+      for (long i = 0; i < a && b; i++) b[i] = (unsigned char)(i % 251);
+      cxr_call_opts co;
+      cxr_call_opts_init(&co);
+      co.arg_len = (size_t)a;
+      if (rc == 0) rc = cxr_conn_call(conn, M_ARGS_BACK, b, (void **)&res, &co);
+      long bad = -1;
+      for (long i = 0; rc == 0 && i < a && bad < 0; i++)
+        if (b[i] != (unsigned char)(i % 251 + 1)) bad = i;
+      if (rc) printf("err %d\n", rc);
+      else if (res == NULL || *res != (void *)b) printf("bad result\n");
+      else if (bad >= 0) printf("bad byte %ld\n", bad);
+      else printf("ok\n");
+      cxr_conn_free(conn, res);
+      if (b) cxr_heap_free(cxr_conn_heap(conn), b);
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
       int rc = cxr_conn_call(conn, M_WHOAMI, NULL, (void **)&pid, NULL);

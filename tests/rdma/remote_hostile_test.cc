@@ -21,7 +21,9 @@ namespace {
 struct Replies {
   std::atomic<int> opens{0}, calls{0};
   std::atomic<int> open_status{1}, call_status{1};
-  std::atomic<uint64_t> conn_id{0};
+  std::atomic<uint64_t> conn_id{0}, rs_addr{0};
+  // The bytes the last reply shipped (after its range table), by value: 0xAA, 0xBB, other.
+  std::atomic<long> aa{0}, bb{0}, other{0};
 };
 
 void on_open_rep(cxr_rdma_msg *m, void *user) {
@@ -30,6 +32,7 @@ void on_open_rep(cxr_rdma_msg *m, void *user) {
   const r_open_rep *h = (const r_open_rep *)cxr_rdma_msg_hdr(m, &hl);
   if (hl != sizeof *h) return;
   r->conn_id = h->conn_id;
+  r->rs_addr = h->rs_addr;
   r->open_status = h->status;
   r->opens++;
 }
@@ -39,6 +42,12 @@ void on_call_rep(cxr_rdma_msg *m, void *user) {
   size_t hl;
   const r_call_rep *h = (const r_call_rep *)cxr_rdma_msg_hdr(m, &hl);
   if (hl != sizeof *h) return;
+  size_t dl;
+  const unsigned char *d = (const unsigned char *)cxr_rdma_msg_data(m, &dl);
+  long aa = 0, bb = 0, other = 0;
+  for (size_t i = (size_t)h->nranges * sizeof(r_range); d != nullptr && i < dl; i++)
+    d[i] == 0xAA ? aa++ : d[i] == 0xBB ? bb++ : other++;
+  r->aa = aa, r->bb = bb, r->other = other;
   r->call_status = h->status;
   r->calls++;
 }
@@ -209,6 +218,96 @@ TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(c.ask("connect 5000", 15000), "ok");
   EXPECT_EQ(c.ask("graph 50", 15000).rfind("ok", 0), 0u);
   EXPECT_EQ(c.stop(), 0);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// Holds up the engine's progress thread (run there by cxr_rdma_defer) until released: this
+// side then takes no message in, as a client that stopped reading.
+struct Stall {
+  std::atomic<int> state{0};  // 1 holding, 2 released
+};
+void stall(void *user) {
+  Stall *s = (Stall *)user;
+  s->state = 1;
+  for (int i = 0; i < 20000 && s->state.load() != 2; i++) usleep(1000);
+}
+
+// A client asks for a 16 MiB result and stops reading before it comes, then closes: the
+// server gives up waiting for the reply after 2 s while UCX still holds it (and will send
+// it from the result heap once the client reads again), and the connection goes. Its result
+// heap must not serve a later connection before UCX is done with it: that connection's
+// results would go out in the late reply, to this client. (Before the heap was held, the
+// late reply here carried the later client's 0xBB bytes instead of its own 0xAA.)
+TEST_F(Hostile, AReplyStillInFlightKeepsItsResultHeapFromOtherConnections) {
+  ASSERT_EQ(open("kv", pod5_slice(), 1 << 20), 0);
+  uint64_t id = rep.conn_id.load(), rs = rep.rs_addr.load();
+  Stall st;
+  struct Release {
+    Stall &s;
+    ~Release() { s.state = 2; }  // also when an assertion ends the test early
+  } release{st};
+  ASSERT_EQ(cxr_rdma_defer(r, stall, &st), 0);
+  for (int i = 0; i < 5000 && st.state.load() != 1; i++) usleep(1000);
+  ASSERT_EQ(st.state.load(), 1);
+  // Posted, not waited for (a waiting send would progress the worker itself and take the
+  // reply in): the call, then the close behind it.
+  int64_t fill[2] = {16 << 20, 0xAA};
+  r_call h = {};
+  h.magic = R_MAGIC;
+  h.conn_id = id;
+  h.method = 9;  // the peer's M_FILL
+  h.call_id = 1ull << 32 | 1;
+  h.deadline_rel = 30000000000;
+  h.flags = CXR_CALL_INLINE;
+  h.inline_len = sizeof fill;
+  h.arg_len = sizeof fill;
+  struct iovec iov = {fill, sizeof fill};
+  ASSERT_EQ(cxr_rdma_am_post(ep, R_CALL, &h, sizeof h, &iov, 1), 0);
+  usleep(500000);  // the handler has run and the reply waits for us (a close before the
+                   // call reached a worker would leave nothing to run it on)
+  r_close cl = {R_MAGIC, 0, id, 77, 0};
+  ASSERT_EQ(cxr_rdma_am_post(ep, R_CLOSE, &cl, sizeof cl, nullptr, 0), 0);
+  usleep(2200000);  // the server's reply wait (2 s) gives up, the close goes through
+
+  // Later clients, each keeping its connection (and so its result heap), fill theirs.
+  mkdir((root + "c").c_str(), 0700);
+  cxrt::Proc later[3];
+  bool reused = false;
+  for (auto &c : later) {
+    ASSERT_TRUE(c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
+                        {"CXRPC_ROOT=" + root + "c", "CXRPC_POD=2"}));
+    ASSERT_EQ(c.line(15000), "READY");
+    ASSERT_EQ(c.ask("connect 5000", 15000), "ok");
+    std::string a = c.ask("fill 16777216 187", 15000);  // 0xBB
+    ASSERT_EQ(a.rfind("ok ", 0), 0u) << a;
+    unsigned long res = 0, base = 0;
+    ASSERT_EQ(sscanf(a.c_str(), "ok %lx %lx", &res, &base), 2) << a;
+    if (base == rs) reused = true;
+  }
+  EXPECT_FALSE(reused) << "a later connection got the result heap of a reply in flight";
+  // The client reads again: its reply comes, with its own bytes only.
+  st.state = 2;
+  EXPECT_TRUE(wait_count(rep.calls, 1));
+  EXPECT_EQ(rep.call_status.load(), 0);
+  EXPECT_EQ(rep.bb.load(), 0);
+  EXPECT_EQ(rep.aa.load(), 16 << 20);
+  // Once UCX is done with it, the heap serves connections again; the server still serves.
+  bool back = false;
+  for (int i = 0; i < 50 && !back; i++) {
+    cxrt::Proc c;
+    ASSERT_TRUE(c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
+                        {"CXRPC_ROOT=" + root + "c", "CXRPC_POD=2"}));
+    ASSERT_EQ(c.line(15000), "READY");
+    ASSERT_EQ(c.ask("connect 5000", 15000), "ok");
+    std::string a = c.ask("fill 4096 204", 15000);
+    EXPECT_EQ(c.stop(), 0);
+    unsigned long res = 0, base = 0;
+    ASSERT_EQ(sscanf(a.c_str(), "ok %lx %lx", &res, &base), 2) << a;
+    back = base == rs;
+    if (!back) usleep(20000);
+  }
+  EXPECT_TRUE(back) << "the held result heap never came back to the spares";
+  for (auto &c : later) EXPECT_EQ(c.stop(), 0);
   EXPECT_EQ(server.stop(), 0);
 }
 
