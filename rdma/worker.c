@@ -729,9 +729,12 @@ void cxr_rdma_close(cxr_rdma *r) {
     drop_messages(r);  /* nobody serves them now; they hold endpoints */
     run_queued(r);
     cxr__eps_close_all(r);
-    run_queued(r);
   }
   unsigned parked = r->worker ? cxr__eps_unpark(r, 200000000) : 0;  /* one last wait */
+  /* After that wait, which progresses the worker: an endpoint that failed meanwhile defers
+   * its error handling (with an argument it allocated), which would otherwise be freed
+   * below without running, and its argument lost. */
+  if (r->worker) run_queued(r);
   cxr__pin_fini(r);
   /* Messages and work nobody will run any more. */
   while (r->mq_head) {
