@@ -18,6 +18,47 @@
 
 /* ---- the pending table ---- */
 
+/* The process's open connections, so that a thread's exit can give back the entry it kept
+ * (spare_entry, below): without that, every thread that made a call and exited took one
+ * entry of the table with it, and after as many threads as the table has entries (a pool
+ * larger than that, or short-lived threads) every call failed with CXR_EFULL. A fork child
+ * starts with none: the connections it inherits are the parent's (forget_inherited). */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static cxr_conn *open_list;
+static pthread_once_t open_once = PTHREAD_ONCE_INIT;
+static pthread_key_t spare_key;
+
+static void open_prepare(void) { pthread_mutex_lock(&open_lock); }
+static void open_parent(void) { pthread_mutex_unlock(&open_lock); }
+static void open_child(void) {
+  open_list = NULL;
+  pthread_mutex_unlock(&open_lock);
+}
+static void spare_at_exit(void *unused);
+static void open_setup(void) {
+  pthread_atfork(open_prepare, open_parent, open_child);
+  pthread_key_create(&spare_key, spare_at_exit);
+}
+
+static void open_add(cxr_conn *c) {
+  pthread_once(&open_once, open_setup);
+  pthread_mutex_lock(&open_lock);
+  c->open_next = open_list;
+  open_list = c;
+  pthread_mutex_unlock(&open_lock);
+}
+
+static void open_remove(cxr_conn *c) {
+  pthread_once(&open_once, open_setup);
+  pthread_mutex_lock(&open_lock);
+  for (cxr_conn **p = &open_list; *p != NULL; p = &(*p)->open_next)
+    if (*p == c) {
+      *p = c->open_next;
+      break;
+    }
+  pthread_mutex_unlock(&open_lock);
+}
+
 int cxr__conn_table_init(cxr_conn *c, uint32_t n) {
   c->tab = calloc(n, sizeof *c->tab);
   c->free_idx = calloc(n, sizeof *c->free_idx);
@@ -29,10 +70,12 @@ int cxr__conn_table_init(cxr_conn *c, uint32_t n) {
     c->free_idx[i] = n - 1 - i;
   }
   c->nfree = n;
+  open_add(c);
   return 0;
 }
 
 void cxr__conn_table_fini(cxr_conn *c) {
+  if (c->tab != NULL) open_remove(c);
   free(c->tab);
   free(c->free_idx);
   c->tab = NULL;
@@ -46,10 +89,35 @@ void cxr__conn_table_fini(cxr_conn *c) {
 static __thread struct {
   uint64_t conn;
   uint32_t index;
+  bool at_exit;  /* spare_key set: spare_at_exit runs when the thread ends */
 } spare_entry;
+
+/* The thread ends: the entry it kept goes back to its connection, if that is still open. */
+static void spare_at_exit(void *unused) {
+  (void)unused;
+  uint64_t uid = spare_entry.conn;
+  spare_entry.conn = 0;
+  if (uid == 0) return;
+  pthread_mutex_lock(&open_lock);
+  for (cxr_conn *c = open_list; c != NULL; c = c->open_next)
+    if (c->uid == uid) {
+      pthread_mutex_lock(&c->lock);
+      c->free_idx[c->nfree++] = spare_entry.index;
+      pthread_mutex_unlock(&c->lock);
+      break;
+    }
+  pthread_mutex_unlock(&open_lock);
+}
 
 static uint64_t next_conn_uid = 1;
 uint64_t cxr__conn_uid(void) { return __atomic_fetch_add(&next_conn_uid, 1, __ATOMIC_RELAXED); }
+
+/* Once per thread (off the path of later calls): spare_at_exit will run when it ends. */
+static bool spare_arm(void) {
+  pthread_once(&open_once, open_setup);
+  spare_entry.at_exit = pthread_setspecific(spare_key, &spare_entry) == 0;
+  return spare_entry.at_exit;
+}
 
 static cxr_future *entry_alloc(cxr_conn *c) {
   cxr_future *f = NULL;
@@ -71,7 +139,7 @@ static void entry_release(cxr_future *f) {
   cxr_conn *c = f->c;
   if (f->seal) cxr__call_release(c, f->seal);
   __atomic_store_n(&f->state, CXR__F_FREE, __ATOMIC_RELEASE);
-  if (spare_entry.conn == 0) {
+  if (spare_entry.conn == 0 && (spare_entry.at_exit || spare_arm())) {
     spare_entry.conn = c->uid;
     spare_entry.index = f->index;
     return;
@@ -238,7 +306,11 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
       if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
       continue;
     }
-    if (cxr__conn_check(c, false) != 0) continue; /* fail_all ended f */
+    int dead = cxr__conn_check(c, false);
+    if (dead != 0) { /* its fail_all ended f, unless f was sent just after that pass */
+      expire(f, dead);
+      continue;
+    }
     if (now >= until) return CXR_EAGAIN;
     int64_t idle = now - start;
     if (idle < spin) {
@@ -384,10 +456,11 @@ int cxr_future_poll(cxr_future *f, void **result) {
     s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   }
   if (!final(s)) {
+    int dead;
     if (cxr_now_ns() >= f->deadline) {
       if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
-    } else {
-      cxr__conn_check(c, false);
+    } else if ((dead = cxr__conn_check(c, false)) != 0) {
+      expire(f, dead); /* (see wait_entry) */
     }
     s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
     if (!final(s)) return CXR_EAGAIN;
@@ -504,7 +577,8 @@ static void *completion_main(void *arg) {
     int64_t now = cxr_now_ns(), next = now + 1000000000;
     if (armed) {
       drain(c);
-      cxr__conn_check(c, false);
+      int dead = cxr__conn_check(c, false);
+      if (dead != 0) cxr__conn_fail_all(c, dead); /* also calls sent after its first pass */
       expire_armed(c, now, &next);
       int64_t check = now + (c->peer_timeout / 2 > 0 ? c->peer_timeout / 2 : 1);
       if (check < next) next = check;
@@ -591,6 +665,11 @@ int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns) {
 }
 
 uint32_t cxr__conn_table_size(cxr_conn *c) { return c ? c->ntab : 0; }
+
+void cxr__conn_mark_dead(cxr_conn *c, int err) {
+  int zero = 0;
+  __atomic_compare_exchange_n(&c->dead, &zero, err, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
 
 int cxr__conn_rings(cxr_conn *c, cxr__rview *req, cxr__rview *resp) {
   if (c == NULL || c->tab == NULL || req == NULL || resp == NULL) return CXR_EINVAL;

@@ -276,6 +276,10 @@ static unsigned refill(cxr_channel *ch, int *err) {
       cxr__sconn *sc = &ch->conns[k];
       uint64_t o = CXR__LD(&sc->slot->owner);
       if (cxr__owner_state(o) != CXR__SLOT_FREE || (pass == 0) != (sc->heap != NULL)) continue;
+      /* FREE while its recycle still waits for a worker to leave it: written by a client
+       * (any can write the control block), not by us. Readied now, the slot would go to a
+       * new client whose heap the recycle then unmaps under its calls. */
+      if (sc->pending) continue;
       int rc = sconn_make_ready(ch, sc);
       if (rc != 0) {
         CXR_WARN("channel %s: cannot prepare connection %u: %s", ch->name, k, cxr_strerror(rc));
@@ -501,6 +505,8 @@ static int start_threads(cxr_channel *ch, unsigned workers) {
   return 0;
 }
 
+static void close_rest(cxr_channel *ch);
+
 static void join_threads(cxr_channel *ch) {
   for (unsigned i = 0; i < ch->nthreads; i++) pthread_join(ch->threads[i], NULL);
   free(ch->threads);
@@ -557,7 +563,9 @@ int cxr_channel_serve(cxr_channel *ch) {
   pthread_mutex_lock(&ch->lock);
   join_threads(ch);
   __atomic_store_n(&ch->running, 0, __ATOMIC_RELEASE);
+  bool finish = ch->finish_on_return;
   pthread_mutex_unlock(&ch->lock);
+  if (finish) close_rest(ch); /* ch is gone after this */
   return rc;
 }
 
@@ -586,21 +594,37 @@ void cxr_channel_close(cxr_channel *ch) {
    * the parent's service for every client, and its threads and locks are not ours. */
   if (ch == NULL || cxr__fork_inherited(ch->fork_epoch)) return;
   cxr__remote_stop(ch);
+  bool handed = false;
   if (ch->cb != NULL) {
     cxr_channel_stop(ch);
-    /* Wait for a serve() running on another thread to return. */
-    for (int i = 0; i < 100000 && __atomic_load_n(&ch->running, __ATOMIC_ACQUIRE); i++) usleep(100);
+    /* Wait for a serve() running on another thread to return (its handlers to end), at most
+     * 2 s; then that serve() finishes the close when it returns. (Until 2026-11-23 the close
+     * went on after 10 s and freed what the handler still used.) */
+    for (int i = 0; i < 20000 && __atomic_load_n(&ch->running, __ATOMIC_ACQUIRE); i++) usleep(100);
+    pthread_mutex_lock(&ch->lock); /* serve() takes it before it finishes the close */
+    handed = __atomic_load_n(&ch->running, __ATOMIC_ACQUIRE) != 0;
+    if (handed)
+      CXR_WARN("channel %s: a handler still runs; the channel goes when it returns", ch->name);
     CXR__ST(&ch->cb->state, CXR__CHAN_CLOSED);
-    /* Clients asleep on their response rings see the channel closed. */
-    for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) {
-      cxr__sconn *sc = &ch->conns[k];
-      if (sc->blk != NULL) {
-        __atomic_fetch_add(&sc->blk->resp.futex, 1, __ATOMIC_SEQ_CST);
-        cxr__futex_wake(&sc->blk->resp.futex, INT_MAX);
-      }
-    }
     __atomic_fetch_add(&ch->cb->pool_bell, 1, __ATOMIC_SEQ_CST);
     cxr__futex_wake(&ch->cb->pool_bell, INT_MAX);
+    ch->finish_on_return = handed;
+    pthread_mutex_unlock(&ch->lock); /* handed: ch may be gone from here on */
+  }
+  if (!handed) close_rest(ch);
+}
+
+/* The rest of a close, once no thread of the channel runs (the manager included: the
+ * connections are its): connections, heaps, the channel itself. */
+static void close_rest(cxr_channel *ch) {
+  /* Clients asleep on their response rings see the channel closed (the others within
+   * their peer check). */
+  for (unsigned k = 0; ch->cb != NULL && ch->conns && k < ch->o.max_conns; k++) {
+    cxr__sconn *sc = &ch->conns[k];
+    if (sc->blk != NULL) {
+      __atomic_fetch_add(&sc->blk->resp.futex, 1, __ATOMIC_SEQ_CST);
+      cxr__futex_wake(&sc->blk->resp.futex, INT_MAX);
+    }
   }
   for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) {
     cxr__sconn *sc = &ch->conns[k];

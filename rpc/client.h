@@ -76,6 +76,7 @@ struct cxr_conn {
   struct cxr_future *tab;
   uint32_t ntab;
   uint64_t uid;          /* unique in this process (never reused) */
+  struct cxr_conn *open_next; /* the process's open connections (rpc/call.c) */
   uint32_t *free_idx;
   uint32_t nfree;
   pthread_mutex_t lock;

@@ -379,6 +379,10 @@ int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns);
 uint32_t cxr__conn_table_size(cxr_conn *c);
 /* The connection's rings as mapped here (tests corrupt them on purpose). */
 int cxr__conn_rings(cxr_conn *c, cxr__rview *req, cxr__rview *resp);
+/* Marks the connection dead with err and fails nothing: the state another thread's
+ * liveness check leaves for a call that went out just after that check failed the pending
+ * ones. */
+void cxr__conn_mark_dead(cxr_conn *c, int err);
 
 #ifdef __cplusplus
 }

@@ -80,6 +80,8 @@ struct cxr_channel {
   int stop;                  /* atomic */
   int running;               /* atomic: serve/start in progress */
   bool background;           /* threads came from cxr_channel_start */
+  bool finish_on_return;     /* (lock) cxr_channel_close gave up waiting for a serve() on
+                                another thread: that serve() finishes the close */
   pthread_t *threads;        /* workers (and the manager last) */
   unsigned nthreads;
   pthread_mutex_t lock;      /* serialises start/stop/close */

@@ -203,6 +203,80 @@ TEST_F(Call, ManyThreadsManyCallsInFlight) {
   EXPECT_EQ(info().stray, 0u);
 }
 
+TEST_F(Call, ThreadsThatCallAndExitGiveTheirEntriesBack) {
+  // A thread keeps the pending-table entry it freed last, for its next call on the same
+  // connection; when it ends, the entry goes back. Before, 256 threads (the table's size)
+  // that each called once and ended took every entry with them: CXR_EFULL for good.
+  for (int t = 0; t < 300; t++) {
+    int rc = -1;
+    std::thread([&] { add(t, 1, &rc); }).join();
+    ASSERT_EQ(rc, 0) << "thread " << t;
+  }
+  int rc = -1;
+  EXPECT_EQ(add(2, 2, &rc), 4);
+  EXPECT_EQ(rc, 0);
+  // And a thread still alive whose entry is another connection's keeps nothing of ours.
+  cxr_conn *c2 = nullptr;
+  ASSERT_EQ(cxr_connect(&c2, name.c_str(), nullptr), 0);
+  std::thread([&] {
+    add(1, 1, &rc);
+    EXPECT_EQ(cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr), 0);
+  }).join();
+  cxr_conn_close(c2);  // (the thread's spare, if it was c2's, names a closed connection)
+  EXPECT_EQ(add(3, 3, &rc), 6);
+}
+
+TEST_F(Call, ACallSentJustAfterThePeerWasFoundDeadEndsWithThatError) {
+  // The state a race leaves: another thread found the server dead (c->dead set) and failed
+  // the pending calls in one pass, which this call's entry missed (not pending yet); then
+  // the call went out. Its wait used to see the dead connection and spin on, the call
+  // ending only with its answer or its deadline (here the answer, after 3 s).
+  cxr_future *f = sleep_async(3000, 10000000000);
+  ASSERT_NE(f, nullptr);
+  cxr__conn_mark_dead(c, CXR_EPEERDEAD);
+  int64_t t0 = cxr_now_ns();
+  EXPECT_EQ(cxr_future_wait(f, 0, nullptr), CXR_EPEERDEAD);
+  EXPECT_LT(cxr_now_ns() - t0, 1000000000);
+  cxr_future_free(f);
+  cxr_future *g = nullptr;  // later calls are refused at once
+  EXPECT_EQ(cxr_conn_call_async(c, M_NOOP, nullptr, &g, nullptr), CXR_EPEERDEAD);
+}
+
+TEST(ChannelClose, AServeStillInAHandlerFinishesTheCloseItself) {
+  // cxr_channel_close while serve() runs on another thread, inside a 5 s handler: the close
+  // waits 2 s, then leaves the rest to that serve(), which finishes it when the handler
+  // returns. Until 2026-11-23 the close went on after 10 s and freed the connections and
+  // the channel under the handler (a use after free; here the close waited the whole 5 s).
+  setup_root("rpc-call");
+  std::string name = uniq("serve");
+  cxr_channel_opts o;
+  cxr_channel_opts_init(&o);
+  o.workers = 1;
+  cxr_channel *ch = nullptr;
+  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
+  ASSERT_EQ(register_methods(ch), 0);
+  std::thread server([ch] { cxr_channel_serve(ch); });
+  cxr_conn *c = nullptr;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  std::atomic<int> rc{1};
+  std::thread client([&] {
+    sleep_args a = {5000};
+    cxr_call_opts co = inline_opts(sizeof a, 20000000000);
+    rc = cxr_conn_call(c, M_SLEEP, &a, nullptr, &co);
+  });
+  usleep(300000);  // the handler runs
+  int64_t t0 = cxr_now_ns();
+  cxr_channel_close(ch);
+  EXPECT_LT(ms_since(t0), 4000) << "the close waited for the handler";
+  server.join();  // serve() returns after the handler, and finishes the close
+  client.join();
+  EXPECT_TRUE(rc == 0 || rc == CXR_ECLOSED) << rc.load();
+  cxr_conn_close(c);
+  cxr_channel *again = nullptr;  // the name is free again
+  EXPECT_EQ(cxr_channel_open(&again, name.c_str(), &o), 0);
+  cxr_channel_close(again);
+}
+
 TEST_F(Call, FuturesWaitPollAndCallback) {
   // wait
   cxr_future *f = sleep_async(1, 0);

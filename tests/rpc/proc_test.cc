@@ -293,6 +293,56 @@ TEST_F(Proc, AClientNamingAnotherProcessIsNotVerified) {
   stop_peer(srv);
 }
 
+TEST_F(Proc, AForgedCloseDoesNotReadyASlotWhoseRecycleWaitsForAWorker) {
+  // A client writes RECLAIM into its own slot (the server takes it back: BUSY), then FREE,
+  // while a worker is inside a long handler of another connection (so the recycle waits
+  // for it). The server must not hand the slot out again before the recycle is done: it
+  // used to make it READY at once, a new client claimed it and called, and the recycle then
+  // unmapped the heap under that call (the server died).
+  ASSERT_NO_FATAL_FAILURE(serve("forge", 2));
+  cxr_conn *busy = nullptr;
+  ASSERT_EQ(cxr_connect(&busy, name.c_str(), nullptr), 0);
+  sleep_args a = {1500};
+  cxr_call_opts o = inline_opts(sizeof a, 10000000000);
+  cxr_future *f = nullptr;
+  ASSERT_EQ(cxr_conn_call_async(busy, M_SLEEP, &a, &f, &o), 0);
+  usleep(100000);  // a worker is inside that handler
+  cxr_heap *ctl = nullptr;
+  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
+  auto *cb = (cxr__chan_block *)cxr_heap_get_root(ctl);
+  auto *blk = (cxr__conn_block *)cxr_heap_get_root(cxr_conn_heap(c));
+  ASSERT_NE(cb, nullptr);
+  ASSERT_NE(blk, nullptr);
+  uint64_t *owner = &cb->slots[blk->slot].owner;
+  uint64_t o0 = __atomic_load_n(owner, __ATOMIC_ACQUIRE);
+  uint32_t gen = cxr__owner_gen(o0);
+  __atomic_store_n(owner, cxr__owner(getpid(), CXR__SLOT_RECLAIM, gen), __ATOMIC_RELEASE);
+  EXPECT_TRUE(eventually([&] {
+    return cxr__owner_state(__atomic_load_n(owner, __ATOMIC_ACQUIRE)) == CXR__SLOT_BUSY;
+  }));
+  __atomic_store_n(owner, cxr__owner(0, CXR__SLOT_FREE, gen), __ATOMIC_RELEASE);
+  // Other clients take every ready slot, so that the pool wants more.
+  std::vector<cxr_conn *> more(3, nullptr);
+  for (auto &m : more) ASSERT_EQ(cxr_connect(&m, name.c_str(), nullptr), 0);
+  usleep(300000);
+  unsigned st = cxr__owner_state(__atomic_load_n(owner, __ATOMIC_ACQUIRE));
+  EXPECT_TRUE(st == CXR__SLOT_FREE || st == CXR__SLOT_BUSY)
+      << "state " << st << ": the slot was handed out again while its recycle waited";
+  // Whatever slots they got, the server serves them all, before and after the recycle.
+  for (auto *m : more) EXPECT_EQ(cxr_conn_call(m, M_NOOP, nullptr, nullptr, nullptr), 0);
+  EXPECT_EQ(cxr_future_wait(f, 0, nullptr), 0);
+  cxr_future_free(f);
+  usleep(200000);
+  for (auto *m : more) EXPECT_EQ(cxr_conn_call(m, M_NOOP, nullptr, nullptr, nullptr), 0);
+  EXPECT_EQ(cxr_conn_call(busy, M_NOOP, nullptr, nullptr, nullptr), 0);
+  EXPECT_EQ(kill(srv.pid, 0), 0);
+  for (auto *m : more) cxr_conn_close(m);
+  cxr_conn_close(busy);
+  cxr_conn_close(c);  // (taken back by the server: its calls fail, its close is quiet)
+  cxr_heap_close(ctl);
+  stop_peer(srv);
+}
+
 TEST_F(Proc, ScribbledRingsHurtOnlyTheirConnection) {
   // A client process overwrites its request ring's positions, sequence numbers and
   // descriptors with garbage. The server neither crashes nor hangs, keeps serving us, the
