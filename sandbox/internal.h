@@ -60,8 +60,15 @@ static inline size_t cxr__seal_bytes(unsigned slots) {
 static inline cxr__seal_rec *cxr__seal_recs(const void *hdr) {
   return (cxr__seal_rec *)((char *)hdr + sizeof(cxr__seal_hdr));
 }
-/* Validates a mapped table header (the supervisor and the sender read untrusted bytes). */
-int cxr__seal_hdr_ok(const void *mem, size_t bytes);
+/* Validates a mapped table header against `bytes`, the size of the mapping (the supervisor
+ * and the sender read bytes the receiver can rewrite at any time): each field is read once,
+ * and on 0 *slots (may be NULL) is the checked slot count, the only one to use after. */
+int cxr__seal_hdr_ok(const void *mem, size_t bytes, uint32_t *slots);
+/* 0 if the table file fd carries every seal cxr_seal_table_create puts on it (above all
+ * F_SEAL_SHRINK: a reader maps the table for as long as it holds it, and a file shrunk
+ * under a mapping makes each access to the lost pages fault); CXR_ENOTSEALED if not (also
+ * for a file that cannot be sealed), or another CXR_E* if fcntl fails. */
+int cxr__seal_fd_sealed(int fd);
 /* Receiver: every record back to free and the peer (and cxrpcd registration) dropped, for
  * the next tenant of a connection slot. */
 int cxr__seal_table_reset(cxr_seal_table *t);

@@ -6,6 +6,10 @@
  * or mprotect(PROT_WRITE) of it by the sender). The sender keeps its own view of each live
  * seal in private memory and never trusts the shared table for addresses, only for the
  * state word that says "done".
+ *
+ * Readers (the sender, cxrpcd) do not trust the receiver either: they take a table only in
+ * a memfd whose size is sealed, read its header once and use only the checked copy, so
+ * whatever the receiver writes later cannot lead them outside their mapping.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +31,10 @@
 #define ID_SLOT(id) ((id) & (MAX_SLOTS - 1))
 #define ID_GEN(id) ((id) >> 20)
 #define STATE(g, s) (((uint64_t)(g) << 8) | (uint64_t)(s))
+/* The seals create puts on a table's memfd, and what attach and cxrpcd demand of one: no
+ * writable view but the receiver's own, and a size nobody can change (a shrink would make
+ * every reader's next access fault). */
+#define CXR__SEAL_TABLE_SEALS (F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 typedef struct pend {
   uint64_t a, n;
@@ -68,23 +76,46 @@ void cxr_seal_opts_init(cxr_seal_opts *o) {
   o->release_batch = 1024;
 }
 
-int cxr__seal_hdr_ok(const void *mem, size_t bytes) {
-  const cxr__seal_hdr *h = mem;
-  if (!mem || bytes < sizeof *h) return CXR_EINVAL;
+/* Checks a private copy of a table header against `bytes`, the size of the file or mapping
+ * it came from. */
+static int hdr_valid(const cxr__seal_hdr *h, size_t bytes) {
   if (h->magic != CXR__SEAL_MAGIC) return CXR_EBADMAGIC;
   if (h->version != CXR__SEAL_VERSION) return CXR_EVERSION;
-  if (h->slots == 0 || h->slots > MAX_SLOTS || cxr__seal_bytes(h->slots) > bytes ||
-      h->bytes != cxr__seal_bytes(h->slots))
+  if (h->slots == 0 || h->slots > MAX_SLOTS || h->bytes != cxr__seal_bytes(h->slots) ||
+      h->bytes > bytes)
     return CXR_ECORRUPT;
   return 0;
 }
 
+int cxr__seal_hdr_ok(const void *mem, size_t bytes, uint32_t *slots) {
+  if (!mem || bytes < sizeof(cxr__seal_hdr)) return CXR_EINVAL;
+  /* Each field read once: the table's maker keeps a writable mapping and can rewrite the
+   * header between our check and a second read (a raised slot count would then lead the
+   * reader past its mapping). Only the copy is checked, and only its count handed out. */
+  const cxr__seal_hdr *src = mem;
+  cxr__seal_hdr h = {
+      .magic = __atomic_load_n(&src->magic, __ATOMIC_RELAXED),
+      .version = __atomic_load_n(&src->version, __ATOMIC_RELAXED),
+      .slots = __atomic_load_n(&src->slots, __ATOMIC_RELAXED),
+      .bytes = __atomic_load_n(&src->bytes, __ATOMIC_RELAXED),
+  };
+  int rc = hdr_valid(&h, bytes);
+  if (rc == 0 && slots) *slots = h.slots;
+  return rc;
+}
+
+int cxr__seal_fd_sealed(int fd) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return errno == EINVAL ? CXR_ENOTSEALED : cxr__from_errno(errno); /* no memfd */
+  return (seals & CXR__SEAL_TABLE_SEALS) == CXR__SEAL_TABLE_SEALS ? 0 : CXR_ENOTSEALED;
+}
+
 bool cxr__seal_overlaps_active(const void *mem, size_t bytes, uint64_t a, uint64_t n) {
-  if (cxr__seal_hdr_ok(mem, bytes) != 0) return false;
-  const cxr__seal_hdr *h = mem;
+  uint32_t slots;
+  if (cxr__seal_hdr_ok(mem, bytes, &slots) != 0) return false;
   const cxr__seal_rec *r = cxr__seal_recs(mem);
   uint64_t e = a + n < a ? UINT64_MAX : a + n;
-  for (uint32_t i = 0; i < h->slots; i++) {
+  for (uint32_t i = 0; i < slots; i++) { /* the checked count, never the header's again */
     uint64_t st = atomic_load_explicit(&r[i].state, memory_order_acquire) & 0xff;
     if (st != CXR__SEAL_ACTIVE && st != CXR__SEAL_CLAIM) continue;
     uint64_t ra = atomic_load_explicit(&r[i].addr, memory_order_relaxed);
@@ -151,8 +182,7 @@ int cxr_seal_table_create(cxr_seal_table **out, const cxr_seal_opts *o) {
   h->bytes = t->bytes;
   t->recs = cxr__seal_recs(t->mem);
   /* From here on nobody can get a writable view of the file but our mapping above. */
-  if (fcntl(t->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
-    goto fail_errno;
+  if (fcntl(t->fd, F_ADD_SEALS, CXR__SEAL_TABLE_SEALS)) goto fail_errno;
   *out = t;
   return 0;
 fail_errno:
@@ -178,15 +208,24 @@ int cxr_seal_table_attach(cxr_seal_table **out, int fd, const cxr_seal_opts *o) 
   if (fstat(fd, &st) != 0) return cxr__from_errno(errno);
   if (st.st_size < (off_t)sizeof(cxr__seal_hdr) || st.st_size > (off_t)cxr__seal_bytes(MAX_SLOTS))
     return CXR_ECORRUPT;
-  size_t bytes = (size_t)st.st_size;
+  /* One copy of the header, read from the file (nothing is mapped yet that a shrink could
+   * make fault); from here on only this copy's slot count and size are used. */
+  cxr__seal_hdr h;
+  ssize_t got = pread(fd, &h, sizeof h, 0);
+  if (got < 0) return errno == EBADF ? CXR_EACCES : cxr__from_errno(errno); /* write-only */
+  if (got != (ssize_t)sizeof h) return CXR_ECORRUPT;
+  int rc = hdr_valid(&h, (size_t)st.st_size);
+  if (rc) return rc;
+  /* The table stays mapped as long as we hold it: its maker must not be able to shrink it
+   * under us (every later read would fault). Sealed, the size is fixed; it may have changed
+   * before the seals, so it is looked at again. */
+  if ((rc = cxr__seal_fd_sealed(fd)) != 0) return rc;
+  if (fstat(fd, &st) != 0) return cxr__from_errno(errno);
+  if ((uint64_t)st.st_size < h.bytes) return CXR_ECORRUPT;
+  unsigned slots = h.slots;
+  size_t bytes = h.bytes;
   void *m = map_at(o->addr, bytes, PROT_READ, fd);
   if (m == MAP_FAILED) return cxr__from_errno(errno);
-  int rc = cxr__seal_hdr_ok(m, bytes);
-  if (rc) {
-    munmap(m, bytes);
-    return rc;
-  }
-  unsigned slots = ((const cxr__seal_hdr *)m)->slots;
   cxr_seal_table *t = table_new(true, slots);
   if (!t) {
     munmap(m, bytes);

@@ -11,6 +11,9 @@
 #include <gtest/gtest.h>
 #include <errno.h>
 
+#include <atomic>
+#include <thread>
+
 #include "tests/sandbox/harness.h"
 
 using namespace sbx;
@@ -219,6 +222,85 @@ TEST_F(Enforced, RegistrationEndsWithTheReceiversTable) {
     if (rc == -EPERM) usleep(5000);
   }
   EXPECT_EQ(rc, 0);
+}
+
+// Registers a table for the agent as any process may (cxrpcd checks the pid it names, not
+// the sender): the reply's status, or -9999. *conn stays open (the registration lasts while
+// it does).
+static int register_table(const Supervisor &sup, int fd, int64_t pid, int *conn) {
+  *conn = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+  if (*conn < 0) return -9999;
+  cxr__cxrpcd_msg m = {};
+  m.magic = CXR__CXRPCD_MAGIC;
+  m.type = CXR__MSG_REGISTER;
+  m.pid = pid;
+  if (cxr__msg_send(*conn, &m, fd) != 0 || cxr__msg_recv(*conn, &m, NULL, 2000000000ll) != 0 ||
+      m.type != CXR__MSG_REPLY)
+    return -9999;
+  return m.status;
+}
+
+TEST_F(Enforced, ATableItsOwnerCanShrinkIsRefused) {
+  // A valid table in a memfd without F_SEAL_SHRINK: once registered, its owner truncated it
+  // and cxrpcd's next walk of it died of SIGBUS (every supervised raise then failed with
+  // ENOSYS). cxrpcd refuses the registration and goes on serving the real table.
+  cxr__seal_hdr *w = nullptr;
+  int fd = fake_table(4, F_SEAL_FUTURE_WRITE, &w);
+  ASSERT_GE(fd, 0);
+  int conn = -1;
+  EXPECT_EQ(register_table(sup, fd, ag.pid, &conn), CXR_ENOTSEALED);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  // A raise outside any seal makes cxrpcd walk every table registered for the agent.
+  unsigned char *p = heap.p() + 20 * 4096;
+  EXPECT_EQ(agent_do(&ag, AG_ATTACK, AT_MPROTECT, (uintptr_t)p, 4096).rc, 0);
+  // The real table is still enforced.
+  agent_msg m = agent_do(&ag, AG_SEAL, (uintptr_t)p + 4096, 4096);
+  ASSERT_EQ(m.rc, 0);
+  ASSERT_EQ(cxr_seal_table_check(t, m.r, p + 4096, 4096), 0);
+  EXPECT_EQ(agent_do(&ag, AG_ATTACK, AT_MPROTECT, (uintptr_t)p + 4096, 4096).rc, -EPERM);
+  uint64_t allowed = 0, refused = 0;
+  EXPECT_TRUE(supervisor_stats(sup, &allowed, &refused));
+  EXPECT_EQ(refused, 1u);
+  if (conn >= 0) close(conn);
+  munmap(w, cxr__seal_bytes(4));
+  close(fd);
+}
+
+TEST_F(Enforced, ATableWhoseSlotCountGrowsIsWalkedInsideItsMapping) {
+  // A sealed table of 4 slots whose owner keeps flipping the header's slot count to the
+  // maximum: cxrpcd re-read the count at every step of its walk, so a raise after its check
+  // walked it off its mapping (it died, or read other memory as records). Every raise below
+  // is outside any seal, so each must be allowed, and cxrpcd must live through them.
+  cxr__seal_hdr *w = nullptr;
+  int fd = fake_table(4, kTableSeals, &w);
+  ASSERT_GE(fd, 0);
+  int conn = -1;
+  ASSERT_EQ(register_table(sup, fd, ag.pid, &conn), 0);
+  std::atomic<bool> stop{false};
+  std::thread flip([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      __atomic_store_n(&w->slots, 4u, __ATOMIC_RELAXED);
+      for (int j = 0; j < 20; j++) __asm__ volatile("pause");
+      __atomic_store_n(&w->slots, CXR_SEAL_SLOTS_MAX, __ATOMIC_RELAXED);
+      for (int j = 0; j < 200; j++) __asm__ volatile("pause");
+    }
+  });
+  unsigned char *p = heap.p() + 24 * 4096;
+  int bad = 0, rc = 0;
+  for (int i = 0; i < 3000 && bad == 0; i++) {
+    rc = agent_do(&ag, AG_ATTACK, AT_MPROTECT, (uintptr_t)p, 4096).rc;
+    if (rc != 0) bad = i + 1;
+  }
+  stop.store(true);
+  flip.join();
+  EXPECT_EQ(bad, 0) << "raise " << bad << " returned " << rc;
+  int st = 0;
+  EXPECT_EQ(waitpid(sup.pid, &st, WNOHANG), 0)
+      << "cxrpcd died: " << (WIFSIGNALED(st) ? "signal " : "exit ")
+      << (WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+  if (conn >= 0) close(conn);
+  munmap(w, cxr__seal_bytes(4));
+  close(fd);
 }
 
 // Prints the verdicts this run saw, as the README table's rows.

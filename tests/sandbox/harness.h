@@ -82,6 +82,38 @@ inline int seal_memfd_heap(Heap *h) {
   return fcntl(h->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW);
 }
 
+// A seal table made by hand, as a hostile receiver could make one: a valid header for
+// `slots` records in a memfd of exactly the table's size, then `seals` (0: none). *w is the
+// maker's writable mapping (made before the seals, as cxr_seal_table_create does), through
+// which it can rewrite the header later. The fd, or -1.
+inline int fake_table(unsigned slots, unsigned seals, cxr__seal_hdr **w) {
+  size_t bytes = cxr__seal_bytes(slots);
+  int fd = memfd_create("cxrpc-fake-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  void *m = MAP_FAILED;
+  if (ftruncate(fd, (off_t)bytes) == 0)
+    m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return -1;
+  }
+  cxr__seal_hdr *h = (cxr__seal_hdr *)m;
+  h->magic = CXR__SEAL_MAGIC;
+  h->version = CXR__SEAL_VERSION;
+  h->slots = slots;
+  h->bytes = bytes;
+  if (seals && fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    munmap(m, bytes);
+    close(fd);
+    return -1;
+  }
+  *w = h;
+  return fd;
+}
+
+// Every seal cxr_seal_table_create puts on its memfd.
+constexpr unsigned kTableSeals = F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
 inline void drop_heap(Heap *h) {
   if (h->addr) munmap((void *)h->addr, h->size);
   if (h->fd >= 0) close(h->fd);

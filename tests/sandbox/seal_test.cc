@@ -260,4 +260,119 @@ TEST(SealApi, SlotsRunOut) {
   munmap(m, 8 * 4096);
 }
 
+TEST(SealApi, AttachNeedsTheSealsThatPinTheSize) {
+  // A valid header in a memfd its maker can still shrink: after the attach, an ftruncate
+  // would make every read of the table fault (SIGBUS) in the sender. Refused unless the file
+  // carries every seal cxr_seal_table_create sets (attach used to accept it: 0).
+  for (unsigned seals : {0u, (unsigned)F_SEAL_FUTURE_WRITE,
+                         (unsigned)(F_SEAL_FUTURE_WRITE | F_SEAL_GROW | F_SEAL_SEAL),
+                         kTableSeals & ~(unsigned)F_SEAL_GROW}) {
+    SCOPED_TRACE(seals);
+    cxr__seal_hdr *w = nullptr;
+    int fd = fake_table(4, seals, &w);
+    ASSERT_GE(fd, 0);
+    cxr_seal_table *s = nullptr;
+    EXPECT_EQ(cxr_seal_table_attach(&s, fd, nullptr), CXR_ENOTSEALED);
+    EXPECT_EQ(s, nullptr);
+    cxr_seal_table_close(s);
+    munmap(w, cxr__seal_bytes(4));
+    close(fd);
+  }
+  // The same table with every seal is accepted.
+  cxr__seal_hdr *w = nullptr;
+  int fd = fake_table(4, kTableSeals, &w);
+  ASSERT_GE(fd, 0);
+  cxr_seal_table *s = nullptr;
+  EXPECT_EQ(cxr_seal_table_attach(&s, fd, nullptr), 0);
+  cxr_seal_table_close(s);
+  munmap(w, cxr__seal_bytes(4));
+  close(fd);
+}
+
+// The table's maker flips its header's slot count between 4 (what the file holds) and the
+// maximum while a reader in another process works on the table; the reader must stay inside
+// its mapping (followed here by a guard page) and inside the 4 slots. Returns the reader's
+// wait status (0: it exited 0), or -1. `reader` runs in the child for about a second.
+template <typename F>
+int race_slots(cxr__seal_hdr *w, F reader) {
+  pid_t c = fork();
+  if (c < 0) return -1;
+  if (c == 0) _exit(reader());
+  int st = 0;
+  int64_t t0 = cxr_now_ns();
+  for (;;) {
+    for (int k = 0; k < 1000; k++) {
+      __atomic_store_n(&w->slots, 4u, __ATOMIC_RELAXED);
+      for (int j = 0; j < 20; j++) __asm__ volatile("pause");
+      __atomic_store_n(&w->slots, CXR_SEAL_SLOTS_MAX, __ATOMIC_RELAXED);
+      for (int j = 0; j < 200; j++) __asm__ volatile("pause");
+    }
+    pid_t r = waitpid(c, &st, WNOHANG);
+    if (r == c) break;
+    if (r < 0 || cxr_now_ns() - t0 > 60000000000ll) {  // bounded: 60 s
+      kill(c, SIGKILL);
+      waitpid(c, &st, 0);
+      return -1;
+    }
+  }
+  __atomic_store_n(&w->slots, 4u, __ATOMIC_RELAXED);
+  return st;
+}
+
+TEST(SealApi, ThePolicyReadsTheSlotCountOnce) {
+  // cxrpcd's decision walks a registered table with cxr__seal_overlaps_active. It checked the
+  // header, then re-read the slot count at every step: a raise in between walked it off its
+  // mapping (the child died of SIGSEGV on the guard page).
+  cxr__seal_hdr *w = nullptr;
+  int fd = fake_table(4, kTableSeals, &w);
+  ASSERT_GE(fd, 0);
+  size_t bytes = cxr__seal_bytes(4);
+  char *area = (char *)mmap(nullptr, bytes + 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(area, MAP_FAILED);
+  ASSERT_EQ(mmap(area, bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0), (void *)area);
+  int st = race_slots(w, [&] {
+    int64_t t0 = cxr_now_ns();
+    while (cxr_now_ns() - t0 < 1000000000ll)
+      if (cxr__seal_overlaps_active(area, bytes, 0, UINT64_MAX)) return 2;  // nothing active
+    return 0;
+  });
+  EXPECT_EQ(st, 0) << (WIFSIGNALED(st) ? "reader killed by signal " : "reader exit ")
+                   << (WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+  munmap(area, bytes + 4096);
+  munmap(w, bytes);
+  close(fd);
+}
+
+TEST(SealApi, AttachReadsTheSlotCountOnce) {
+  // attach checked the header, then read the slot count again for its own bookkeeping: a
+  // raise in between gave the sender more slots than the mapping holds (a fifth seal was
+  // accepted, and its record lay past the mapping).
+  cxr__seal_hdr *w = nullptr;
+  int fd = fake_table(4, kTableSeals, &w);
+  ASSERT_GE(fd, 0);
+  int st = race_slots(w, [&] {
+    char *pg = (char *)mmap(nullptr, 5 * 4096, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pg == MAP_FAILED) return 3;
+    int64_t t0 = cxr_now_ns();
+    while (cxr_now_ns() - t0 < 1000000000ll) {
+      cxr_seal_table *s = nullptr;
+      int rc = cxr_seal_table_attach(&s, fd, nullptr);
+      if (rc == CXR_ECORRUPT) continue;  // saw the raised count: refused, fine
+      if (rc != 0) return 4;
+      cxr_seal_id id[5];
+      for (int k = 0; k < 4; k++)
+        if (cxr_seal_table_seal(s, pg + k * 4096, 4096, &id[k]) != 0) return 5;
+      if (cxr_seal_table_seal(s, pg + 4 * 4096, 4096, &id[4]) != CXR_EFULL) return 6;
+      for (int k = 0; k < 4; k++) cxr_seal_table_cancel(s, id[k]);
+      cxr_seal_table_close(s);
+    }
+    return 0;
+  });
+  EXPECT_EQ(st, 0) << (WIFSIGNALED(st) ? "reader killed by signal " : "reader exit ")
+                   << (WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+  munmap(w, cxr__seal_bytes(4));
+  close(fd);
+}
+
 }  // namespace

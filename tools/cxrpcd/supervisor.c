@@ -131,11 +131,17 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   if (fd < 0) return CXR_EPROTO;
   if (!supervised(s, m->pid)) return CXR_EPERM;
   if (s->nregs == MAX_REGS) return CXR_EFULL;
+  /* Sealed first: the registrant could otherwise shrink the file under our mapping, and
+   * our next decision would die of SIGBUS walking it (and every supervised raise after it
+   * fail with ENOSYS). Sealed, the size read below is the file's for good. */
+  int rc = cxr__seal_fd_sealed(fd);
+  if (rc) return rc;
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 26)) return CXR_ECORRUPT;
   void *mem = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) return cxr__from_errno(errno);
-  int rc = cxr__seal_hdr_ok(mem, (size_t)st.st_size);
+  /* Each decision checks the header again (cxr__seal_overlaps_active), reading it once. */
+  rc = cxr__seal_hdr_ok(mem, (size_t)st.st_size, NULL);
   if (rc) {
     munmap(mem, (size_t)st.st_size);
     return rc;
