@@ -1,6 +1,7 @@
 /* The idl runtime: validation context, builders, copy/free/equal helpers, ranges. */
 #include <cxrpc/idl.h>
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,46 @@ const char *cxr_invalid_str(int reason) {
 
 /* ---------------- validation ---------------- */
 
+/* The visited set starts in the context (v->small); a larger one lives in one block per
+ * thread that stays with the thread between validations, each clearing the part it uses.
+ * A validation that never returns, as cxr_sandbox_run abandons one that faults on a peer's
+ * page, then leaves nothing that the thread's next validation does not reuse or free, and
+ * the block goes when the thread ends (a key destructor). A block above VSET_KEEP_BYTES is
+ * given back at the end of a validation, so an idle thread keeps at most that much.
+ * Validators never nest on a thread (they call nothing but the generated walk). */
+#define VSET_KEEP_BYTES ((size_t)1 << 20)
+
+static _Thread_local uintptr_t *vset_mem;
+static _Thread_local size_t vset_cap; /* entries of vset_mem */
+static pthread_once_t vset_once = PTHREAD_ONCE_INIT;
+static pthread_key_t vset_key;
+static bool vset_key_made;
+
+static void vset_thread_exit(void *mem) {
+  free(mem);
+  vset_mem = NULL;
+  vset_cap = 0;
+}
+
+static void vset_make_key(void) {
+  vset_key_made = pthread_key_create(&vset_key, vset_thread_exit) == 0;
+}
+
+/* Without a key nothing would free the block at thread exit: keep none between calls. */
+static size_t vset_keep_bytes(void) {
+  pthread_once(&vset_once, vset_make_key);
+  return vset_key_made ? VSET_KEEP_BYTES : 0;
+}
+
+/* Makes mem (cap entries, or NULL) the thread's block, freeing the one it replaces. */
+static void vset_adopt(uintptr_t *mem, size_t cap) {
+  if (vset_mem != mem) free(vset_mem);
+  vset_mem = mem;
+  vset_cap = cap;
+  pthread_once(&vset_once, vset_make_key);
+  if (vset_key_made) pthread_setspecific(vset_key, mem);
+}
+
 int cxr__v_begin(cxr__vctx *v, const cxr_range *r, const cxr_limits *lim) {
   if (!v || !r || !r->p) return CXR_EINVAL;
   memset(v, 0, offsetof(cxr__vctx, small));
@@ -54,8 +95,8 @@ int cxr__v_begin(cxr__vctx *v, const cxr_range *r, const cxr_limits *lim) {
 }
 
 void cxr__v_end(cxr__vctx *v) {
-  if (v && v->set != v->small) free(v->set);
   if (v) v->set = NULL;
+  if (vset_cap && vset_cap * sizeof *vset_mem > vset_keep_bytes()) vset_adopt(NULL, 0);
 }
 
 int cxr__v_fail(cxr__vctx *v, int reason) {
@@ -84,23 +125,36 @@ static inline size_t hash_ptr(uintptr_t p) {
   return (size_t)(x >> 17);
 }
 
+/* Doubles the set: into the thread's block when it is idle (v->set is still small) and
+ * large enough, else into a new block that replaces it. */
+static int grow(cxr__vctx *v) {
+  size_t ncap = v->cap * 2;
+  uintptr_t *ns;
+  if (v->set != vset_mem && vset_cap >= ncap) {
+    ns = vset_mem;
+    memset(ns, 0, ncap * sizeof *ns);
+  } else if (!(ns = calloc(ncap, sizeof *ns))) {
+    return CXR_ENOMEM;
+  }
+  for (size_t i = 0; i < v->cap; i++) {
+    uintptr_t q = v->set[i];
+    if (!q) continue;
+    size_t j = hash_ptr(q) & (ncap - 1);
+    while (ns[j]) j = (j + 1) & (ncap - 1);
+    ns[j] = q;
+  }
+  if (ns != vset_mem) vset_adopt(ns, ncap);  /* frees the old block, v->set if it was it */
+  v->set = ns;
+  v->cap = ncap;
+  return 0;
+}
+
 /* Inserts p; returns 1 if it was already there, 0 if inserted, <0 on error. The set
  * never holds more than max_nodes entries (callers count first). */
 static int visit(cxr__vctx *v, uintptr_t p) {
   if ((v->n + 1) * 2 > v->cap) {
-    size_t ncap = v->cap * 2;
-    uintptr_t *ns = calloc(ncap, sizeof *ns);
-    if (!ns) return CXR_ENOMEM;
-    for (size_t i = 0; i < v->cap; i++) {
-      uintptr_t q = v->set[i];
-      if (!q) continue;
-      size_t j = hash_ptr(q) & (ncap - 1);
-      while (ns[j]) j = (j + 1) & (ncap - 1);
-      ns[j] = q;
-    }
-    if (v->set != v->small) free(v->set);
-    v->set = ns;
-    v->cap = ncap;
+    int rc = grow(v);
+    if (rc) return rc;
   }
   size_t j = hash_ptr(p) & (v->cap - 1);
   while (v->set[j]) {
@@ -162,11 +216,14 @@ int cxr__v_bool(cxr__vctx *v, const bool *b) {
   return x > 1 ? cxr__v_fail(v, CXR_INVALID_BOOL) : 0;
 }
 
+/* Each bool read counts as an element, like each closed enum: one array referenced from
+ * many messages is read once per reference (arrays are not deduplicated), and the count
+ * is what bounds that work. */
 int cxr__v_bools(cxr__vctx *v, const cxr_vec_bool *a) {
   const bool *items = a->items;
   uint64_t n = a->count;
   int rc = cxr__v_block(v, items, n, 1, 1);
-  if (rc) return rc;
+  if (rc || (rc = cxr__v_count(v, n))) return rc;
   const uint8_t *q = (const uint8_t *)items;
   for (uint64_t i = 0; i < n; i++)
     if (q[i] > 1) return cxr__v_fail(v, CXR_INVALID_BOOL);
@@ -268,6 +325,10 @@ void *cxr_vec_alloc(cxr_heap *h, size_t elem, uint64_t n) {
 
 /* ---------------- copy, free, equal ---------------- */
 
+/* The copies read each length, count and pointer of the source once (CXR__LOAD in idl.h),
+ * and write through the blocks they allocated, never through a pointer read back from the
+ * destination (which may be a peer's heap too). */
+
 void *cxr__cp_mem(cxr_heap *to, const void *src, size_t n) {
   if (n == 0) return NULL;
   void *d = cxr_heap_alloc(to, n);
@@ -275,39 +336,58 @@ void *cxr__cp_mem(cxr_heap *to, const void *src, size_t n) {
   return d;
 }
 
+void *cxr__cp_array(cxr_heap *to, const void *src, uint64_t count, size_t elem) {
+  if (elem == 0 || count > SIZE_MAX / elem) return cxr__fail_null(CXR_ENOMEM);
+  return cxr__cp_mem(to, src, (size_t)(count * elem));
+}
+
 int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s) {
+  const char *ptr = CXR__LOAD(&s->ptr);
+  uint64_t len = CXR__LOAD(&s->len);
   d->ptr = NULL;
   d->len = 0;
-  if (!s->len) return 0;
-  return cxr_str_set(to, d, s->ptr, s->len);
+  if (!len) return 0;
+  return cxr_str_set(to, d, ptr, len);
 }
 
 int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s) {
+  const uint8_t *ptr = CXR__LOAD(&s->ptr);
+  uint64_t len = CXR__LOAD(&s->len);
   d->ptr = NULL;
   d->len = 0;
-  if (!s->len) return 0;
-  return cxr_bytes_set(to, d, s->ptr, s->len);
+  if (!len) return 0;
+  return cxr_bytes_set(to, d, ptr, len);
 }
 
 int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s) {
+  const cxr_str *items = CXR__LOAD(&s->items);
+  uint64_t n = CXR__LOAD(&s->count);
   d->items = NULL;
   d->count = 0;
-  if (!s->count) return 0;
-  if (!CXR_VEC_ALLOC(to, *d, s->count)) return CXR_ENOMEM;
-  for (uint64_t i = 0; i < s->count; i++) {
-    int rc = cxr__cp_str(to, &d->items[i], &s->items[i]);
+  if (!n) return 0;
+  cxr_str *out = cxr_vec_alloc(to, sizeof *out, n);
+  if (!out) return CXR_ENOMEM;
+  d->items = out;
+  d->count = n;
+  for (uint64_t i = 0; i < n; i++) {
+    int rc = cxr__cp_str(to, &out[i], &items[i]);
     if (rc) return rc;
   }
   return 0;
 }
 
 int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s) {
+  const cxr_bytes *items = CXR__LOAD(&s->items);
+  uint64_t n = CXR__LOAD(&s->count);
   d->items = NULL;
   d->count = 0;
-  if (!s->count) return 0;
-  if (!CXR_VEC_ALLOC(to, *d, s->count)) return CXR_ENOMEM;
-  for (uint64_t i = 0; i < s->count; i++) {
-    int rc = cxr__cp_bytes(to, &d->items[i], &s->items[i]);
+  if (!n) return 0;
+  cxr_bytes *out = cxr_vec_alloc(to, sizeof *out, n);
+  if (!out) return CXR_ENOMEM;
+  d->items = out;
+  d->count = n;
+  for (uint64_t i = 0; i < n; i++) {
+    int rc = cxr__cp_bytes(to, &out[i], &items[i]);
     if (rc) return rc;
   }
   return 0;

@@ -59,7 +59,8 @@ CXR__VEC(cxr_vec_bytes, cxr_bytes);
 /* Bounds for validating a graph from an untrusted peer. */
 typedef struct cxr_limits {
   uint32_t max_depth;  /* nesting of messages below the root; default 64 */
-  uint64_t max_nodes;  /* messages plus checked repeated elements; default 1 << 20 */
+  uint64_t max_nodes;  /* messages plus checked repeated elements (bools included): bounds
+                          the validation's work; default 1 << 20 */
   uint64_t max_len;    /* bytes of one string, bytes field or repeated array; default 256 MiB */
 } cxr_limits;
 void cxr_limits_init(cxr_limits *l);
@@ -139,7 +140,8 @@ typedef struct cxr__vctx {
   cxr_limits lim;
   uint64_t nodes;
   uint32_t depth;
-  uintptr_t *set;        /* visited messages: open addressing, 0 = empty */
+  uintptr_t *set;        /* visited messages: open addressing, 0 = empty; small, then the
+                            thread's block (idl.c), never owned by the context */
   size_t cap, n;
   uintptr_t small[64];
 } cxr__vctx;
@@ -170,9 +172,19 @@ int cxr__v_count(cxr__vctx *v, uint64_t n);
 
 /* Copy, free and protobuf-c helpers. */
 #define CXR__MAX_DEPTH 4096u  /* bound on recursion of copy/ranges/conversion */
+/* The one read _copy makes of a count, a oneof case or a pointer of its source. The source
+ * may be shared memory its writer still changes (examples/docstore copies validated but
+ * unsealed graphs into its own heap): a block sized by one read and filled by another, or a
+ * case stored by one read and switched on by another, would write past the block or fill
+ * a pointer member from another member's bytes. A relaxed atomic load, so that the
+ * compiler can neither read the field again nor tear the read. */
+#define CXR__LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s);
 int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s);
 void *cxr__cp_mem(cxr_heap *to, const void *src, size_t n);
+/* count elements of elem bytes from src into `to`; NULL when out of memory or when
+ * count * elem overflows (the count is a peer's value, whatever the validator saw). */
+void *cxr__cp_array(cxr_heap *to, const void *src, uint64_t count, size_t elem);
 int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s);
 int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s);
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a);

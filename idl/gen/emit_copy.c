@@ -6,7 +6,11 @@
 
 static bool is_float(const gm_field *x) { return x->kind == GK_FLOAT || x->kind == GK_DOUBLE; }
 
-/* ---- copy: d is zeroed, s is the source; both expressions name one value ---- */
+/* ---- copy: d is zeroed, s is the source; both expressions name one value ----
+ * The source may be shared memory its writer still changes: each count, case and pointer of
+ * it is read once (CXR__LOAD) into a local that sizes, fills and branches, and each block is
+ * written through the local that received it, never through the destination read back (a
+ * copy can go to a peer's heap too). */
 
 static void copy_value(gen_buf *c, const gm_field *x, const char *d, const char *s,
                        const char *ind) {
@@ -17,12 +21,16 @@ static void copy_value(gen_buf *c, const gm_field *x, const char *d, const char 
     case GK_BYTES:
       gb_printf(c, "%sif ((rc = cxr__cp_bytes(to, &%s, &%s))) return rc;\n", ind, d, s);
       break;
-    case GK_MESSAGE:
-      gb_printf(c, "%sif (%s) {\n", ind, s);
-      gb_printf(c, "%s  if (!(%s = %s_new(to))) return CXR_ENOMEM;\n", ind, d, x->msg->cname);
-      gb_printf(c, "%s  if ((rc = %s__cin(to, %s, %s, depth + 1))) return rc;\n%s}\n", ind,
-                x->msg->cname, s, d, ind);
+    case GK_MESSAGE: {
+      const char *m = x->msg->cname;
+      gb_printf(c, "%s{\n%s  const %s *src_msg = CXR__LOAD(&%s);\n", ind, ind, m, s);
+      gb_printf(c, "%s  if (src_msg) {\n%s    %s *dst_msg = %s_new(to);\n", ind, ind, m, m);
+      gb_printf(c, "%s    if (!dst_msg) return CXR_ENOMEM;\n%s    %s = dst_msg;\n", ind, ind, d);
+      gb_printf(c, "%s    if ((rc = %s__cin(to, src_msg, dst_msg, depth + 1))) return rc;\n",
+                ind, m);
+      gb_printf(c, "%s  }\n%s}\n", ind, ind);
       break;
+    }
     default:
       gb_printf(c, "%s%s = %s;\n", ind, d, s);
   }
@@ -37,19 +45,26 @@ static void copy_repeated(gen_buf *c, const gm_field *x) {
     case GK_BYTES:
       gb_printf(c, "  if ((rc = cxr__cp_bytess(to, &d->%s, &s->%s))) return rc;\n", n, n);
       break;
-    case GK_MESSAGE:
-      gb_printf(c, "  if (s->%s.count) {\n", n);
-      gb_printf(c, "    if (!CXR_VEC_ALLOC(to, d->%s, s->%s.count)) return CXR_ENOMEM;\n", n, n);
-      gb_printf(c, "    for (uint64_t i = 0; i < s->%s.count; i++)\n", n);
-      gb_printf(c, "      if ((rc = %s__cin(to, &s->%s.items[i], &d->%s.items[i], depth + 1))) "
-                   "return rc;\n  }\n", x->msg->cname, n, n);
+    case GK_MESSAGE: {
+      const char *m = x->msg->cname;
+      gb_printf(c, "  {\n    const %s *src_items = CXR__LOAD(&s->%s.items);\n", m, n);
+      gb_printf(c, "    uint64_t src_count = CXR__LOAD(&s->%s.count);\n    if (src_count) {\n", n);
+      gb_printf(c, "      %s *dst_items = (%s *)cxr_vec_alloc(to, sizeof *dst_items, src_count);\n",
+                m, m);
+      gb_printf(c, "      if (!dst_items) return CXR_ENOMEM;\n      d->%s.items = dst_items;\n", n);
+      gb_printf(c, "      d->%s.count = src_count;\n", n);
+      gb_printf(c, "      for (uint64_t i = 0; i < src_count; i++)\n"
+                   "        if ((rc = %s__cin(to, &src_items[i], &dst_items[i], depth + 1))) "
+                   "return rc;\n    }\n  }\n", m);
       break;
+    }
     default:
-      gb_printf(c, "  if (s->%s.count) {\n", n);
-      gb_printf(c, "    d->%s.items = (__typeof__(d->%s.items))cxr__cp_mem(to, s->%s.items,\n"
-                   "        s->%s.count * sizeof *s->%s.items);\n", n, n, n, n, n);
-      gb_printf(c, "    if (!d->%s.items) return CXR_ENOMEM;\n    d->%s.count = s->%s.count;\n  }\n",
-                n, n, n);
+      gb_printf(c, "  {\n    const void *src_items = CXR__LOAD(&s->%s.items);\n", n);
+      gb_printf(c, "    uint64_t src_count = CXR__LOAD(&s->%s.count);\n    if (src_count) {\n", n);
+      gb_printf(c, "      void *dst_items = cxr__cp_array(to, src_items, src_count, "
+                   "sizeof *d->%s.items);\n", n);
+      gb_printf(c, "      if (!dst_items) return CXR_ENOMEM;\n      d->%s.items = dst_items;\n", n);
+      gb_printf(c, "      d->%s.count = src_count;\n    }\n  }\n", n);
   }
 }
 
@@ -208,17 +223,24 @@ static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
   static const char *const base[] = {"s", "m", "a", "m"};
   for (size_t o = 0; o < g->noneofs; o++) {
     const char *cn = g->oneofs[o].cname;
-    if (w == W_COPY) gb_printf(c, "  d->%s_case = s->%s_case;\n", cn, cn);
+    /* The copy stores and switches on one read of the source's case: two reads could store
+     * one member's case and fill the union from another member. */
+    const char *in = w == W_COPY ? "    " : "  ";  /* the switch's indent */
+    if (w == W_COPY)
+      gb_printf(c, "  {\n    uint32_t src_case = CXR__LOAD(&s->%s_case);\n"
+                   "    d->%s_case = src_case;\n    switch (src_case) {\n", cn, cn);
     if (w == W_EQ) gb_printf(c, "  if (a->%s_case != b->%s_case) return false;\n", cn, cn);
-    gb_printf(c, "  switch (%s->%s_case) {\n", base[w], cn);
+    if (w != W_COPY) gb_printf(c, "  switch (%s->%s_case) {\n", base[w], cn);
+    char member[16];
+    snprintf(member, sizeof member, "%s    ", in);
     for (size_t i = 0; i < g->nfields; i++) {
       if (g->fields[i].oneof != (int)o) continue;
-      gb_printf(c, "    case %d:\n", g->fields[i].number);
-      one(c, w, g, &g->fields[i], "      ");
-      gb_printf(c, "      break;\n");
+      gb_printf(c, "%s  case %d:\n", in, g->fields[i].number);
+      one(c, w, g, &g->fields[i], member);
+      gb_printf(c, "%sbreak;\n", member);
     }
     if (w == W_COPY)  /* an unknown case (unvalidated input) copies as "none set" */
-      gb_printf(c, "    default:\n      d->%s_case = 0;\n      break;\n  }\n", cn);
+      gb_printf(c, "      default:\n        d->%s_case = 0;\n        break;\n    }\n  }\n", cn);
     else
       gb_printf(c, "    default:\n      break;\n  }\n");
   }

@@ -426,6 +426,29 @@ TEST_F(Msg, ValidatorBoundsDepthAndNodes) {
   EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_DEPTH);
 }
 
+// Each bool of a repeated field is read, so each counts against max_nodes (as each closed
+// enum does): the bytes read stay bounded however many messages share one array.
+TEST_F(Msg, ValidatorCountsRepeatedBoolsAgainstMaxNodes) {
+  Ev *m = cxrtest_Everything_new(h);
+  ASSERT_NE(m, nullptr);
+  set_str(&m->name, "bools");
+  m->must = cxrtest_Leaf_new(h);
+  const uint64_t kBools = 1000;
+  ASSERT_NE(CXR_VEC_ALLOC(h, m->r_bool, kBools), nullptr);
+  lim.max_nodes = 2 + kBools;  // the root, must and each bool
+  EXPECT_EQ(validate(m), 0);
+  lim.max_nodes = 1 + kBools;
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_NODES);
+  // 4 MiB of bools: far under max_len (256 MiB), over the default 2^20 nodes.
+  cxr_heap_free(h, m->r_bool.items);
+  ASSERT_NE(CXR_VEC_ALLOC(h, m->r_bool, 4u << 20), nullptr);
+  cxr_limits_init(&lim);
+  EXPECT_EQ(validate(m), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_NODES);
+  cxrtest_Everything_free(h, m);
+}
+
 TEST_F(Msg, ValidatorRefusesMisalignedPointers) {
   Ev *m = random_ev(11);
   char *raw = (char *)cxr_heap_alloc(h, sizeof(cxrtest_Leaf) + 16);

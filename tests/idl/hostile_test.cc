@@ -1,0 +1,209 @@
+// Generated code against a peer that does not play by the rules after its graph was
+// accepted: a source it rewrites while _copy reads it (unsealed shared memory), and a
+// graph that faults the validator inside cxr_sandbox_run (untrusted channels).
+#include <gtest/gtest.h>
+
+#include "tests/root.h"
+#include <malloc.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <cxrpc/sandbox.h>
+
+#include "tests/idl/everything.cxr.h"
+
+// The sanitizers keep their own heaps (glibc's counters do not see them); their runtimes
+// define this, a plain build does not.
+extern "C" size_t __sanitizer_get_current_allocated_bytes(void) __attribute__((weak));
+
+namespace {
+
+std::string g_root = cxrt::setup_root("idl-hostile");
+
+typedef cxrtest_Everything Ev;
+typedef cxrtest_open_Tree Tree;
+
+size_t malloced_bytes() {
+  if (__sanitizer_get_current_allocated_bytes) return __sanitizer_get_current_allocated_bytes();
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+class Hostile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cxr_init(nullptr), 0);
+    static int n;
+    name = "idlhostile-" + std::to_string(getpid()) + "-" + std::to_string(++n);
+    ASSERT_EQ(cxr_heap_create(&src, name.c_str(), 8u << 20, nullptr), 0);
+    name2 = name + "b";
+    ASSERT_EQ(cxr_heap_create(&dst, name2.c_str(), 32u << 20, nullptr), 0);
+  }
+  void TearDown() override {
+    cxr_heap_close(src);
+    cxr_heap_close(dst);
+    cxr_heap_unlink(name.c_str());
+    cxr_heap_unlink(name2.c_str());
+  }
+  std::string name, name2;
+  cxr_heap *src = nullptr, *dst = nullptr;
+};
+
+// The copy must size, fill and branch on one read of each count and oneof case: a second
+// read that sees another value makes it write past the block it allocated, or fill the
+// pointer member of a oneof from another member's bytes.
+TEST_F(Hostile, CopyOfASourceRewrittenMeanwhileIsSelfConsistent) {
+  const uint64_t kLong = 64, kShort = 1;
+  Ev *s = cxrtest_Everything_new(src);
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(cxr_str_setz(src, &s->name, "hostile"), 0);
+  s->must = cxrtest_Leaf_new(src);
+  ASSERT_NE(CXR_VEC_ALLOC(src, s->r_int64, kLong), nullptr);
+  ASSERT_NE(CXR_VEC_ALLOC(src, s->r_leaf, kLong), nullptr);
+  for (uint64_t i = 0; i < kLong; i++) {
+    s->r_leaf.items[i].has_label = true;  // each element's copy allocates its label
+    ASSERT_EQ(cxr_str_setz(src, &s->r_leaf.items[i].label, "label"), 0);
+  }
+  s->choice_case = 52;
+  s->choice.c_leaf = cxrtest_Leaf_new(src);
+  ASSERT_NE(s->choice.c_leaf, nullptr);
+  cxr_heap_stats st0;
+  ASSERT_EQ(cxr_heap_stats(dst, &st0), 0);
+
+  // The peer: flips both counts between 64 and 1 and the case between c_leaf (52) and c_int
+  // (50, whose bytes are the low half of the c_leaf pointer), as fast as it can.
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> flips{0};
+  std::thread peer([&] {
+    for (uint64_t k = 0; !stop.load(std::memory_order_relaxed); k++) {
+      uint64_t n = k & 1 ? kShort : kLong;
+      __atomic_store_n(&s->r_int64.count, n, __ATOMIC_RELAXED);
+      __atomic_store_n(&s->r_leaf.count, n, __ATOMIC_RELAXED);
+      __atomic_store_n(&s->choice_case, k & 1 ? 50u : 52u, __ATOMIC_RELAXED);
+      flips.store(k + 1, std::memory_order_relaxed);
+    }
+  });
+
+  // Only copies during which the peer flipped something count: on a loaded machine the two
+  // threads may share one CPU for long stretches.
+  const int kCopies = 20000;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int copies = 0, raced = 0, bad_count = 0, bad_case = 0;
+  for (; raced < kCopies && std::chrono::steady_clock::now() < deadline; copies++) {
+    uint64_t f0 = flips.load(std::memory_order_relaxed);
+    Ev *c = nullptr;
+    ASSERT_EQ(cxrtest_Everything_copy(dst, s, &c), 0);
+    raced += flips.load(std::memory_order_relaxed) != f0;
+    bool ok = true;
+    if (c->r_int64.count &&
+        c->r_int64.count * sizeof(int64_t) > cxr_heap_usable_size(dst, c->r_int64.items))
+      ok = false, bad_count++;
+    if (c->r_leaf.count &&
+        c->r_leaf.count * sizeof(cxrtest_Leaf) > cxr_heap_usable_size(dst, c->r_leaf.items))
+      ok = false, bad_count++;
+    if (c->choice_case == 52 && c->choice.c_leaf &&
+        !cxr_heap_contains(dst, c->choice.c_leaf, sizeof(cxrtest_Leaf)))
+      ok = false, bad_case++;
+    // An inconsistent copy cannot be freed safely (its free would follow what it claims).
+    if (ok) cxrtest_Everything_free(dst, c);
+  }
+  stop = true;
+  peer.join();
+  EXPECT_EQ(bad_count, 0) << "copies whose count exceeds their block, of " << raced
+                          << " raced copies";
+  EXPECT_EQ(bad_case, 0) << "copies whose c_leaf lies outside the heap, of " << raced;
+  // Every element the copies wrote was inside a block they own and gave back: with a count
+  // read twice, the elements written past the short block took labels never freed.
+  cxr_heap_stats st;
+  ASSERT_EQ(cxr_heap_stats(dst, &st), 0);
+  EXPECT_EQ(st.used, st0.used) << "blocks left behind after " << copies << " copies";
+  // Not vacuous: the peer ran during some copies (on two busy CPUs, a few hundred in 10 s).
+  EXPECT_GE(raced, 100) << "the peer hardly ran during the " << copies << " copies";
+}
+
+// ---- a validator that faults inside cxr_sandbox_run ----
+
+struct FaultingTree {
+  char *mem = nullptr;
+  size_t len = 0;
+  const Tree *root = nullptr;
+  uint64_t children = 0;
+};
+
+// A Tree whose inline children fill 1 MiB, the last page PROT_NONE: the validator visits
+// thousands of nodes (its visited set outgrows the context's inline table) and faults on
+// the first child that lies on the last page.
+FaultingTree faulting_tree() {
+  FaultingTree f;
+  long page = sysconf(_SC_PAGESIZE);
+  f.len = 1u << 20;
+  void *p = mmap(nullptr, f.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return f;
+  f.mem = (char *)p;
+  Tree *root = (Tree *)f.mem;
+  size_t off = (sizeof(Tree) + 15) & ~(size_t)15;
+  f.children = (f.len - off) / sizeof(Tree);
+  root->children.items = (Tree *)(f.mem + off);
+  root->children.count = f.children;
+  if (mprotect(f.mem + f.len - page, page, PROT_NONE) != 0) {
+    munmap(p, f.len);
+    f.mem = nullptr;
+    return f;
+  }
+  f.root = root;
+  return f;
+}
+
+struct ValidateArgs {
+  const Tree *root;
+  cxr_range range;
+};
+
+int validate_tree(void *arg) {
+  ValidateArgs *a = (ValidateArgs *)arg;
+  return cxrtest_open_Tree_validate(a->root, &a->range, nullptr);
+}
+
+TEST(SandboxedValidation, AFaultInsideTheValidatorLeaksNothing) {
+  FaultingTree f = faulting_tree();
+  ASSERT_NE(f.root, nullptr);
+  ASSERT_GT(f.children, 1000u);  // far more nodes than the inline table holds
+  ValidateArgs a = {f.root, {f.mem, f.len}};
+  auto run = [&](int n) {
+    for (int i = 0; i < n; i++) {
+      uint64_t faults = cxr_sandbox_faults();
+      ASSERT_EQ(cxr_sandbox_run(validate_tree, &a), CXR_EBADPTR);
+      ASSERT_EQ(cxr_sandbox_faults(), faults + 1);
+    }
+  };
+  run(3);  // whatever the thread keeps between validations is in place from here on
+  size_t before = malloced_bytes();
+  const int kRuns = 200;
+  run(kRuns);
+  size_t after = malloced_bytes();
+  // Each abandoned validation leaked its visited set before (16 Ki entries, 128 KiB: 25 MiB
+  // over the runs); allow 1 MiB for everything else.
+  EXPECT_LT(after, before + (1u << 20)) << (after - before) / kRuns << " bytes per run";
+
+  // A thread that ends after abandoned validations takes what it kept with it.
+  before = malloced_bytes();
+  std::thread t([&] { run(20); });
+  t.join();
+  after = malloced_bytes();
+  EXPECT_LT(after, before + (1u << 20)) << after - before << " bytes left by the thread";
+
+  // The same graph without the fault (the last page readable again) validates.
+  ASSERT_EQ(mprotect(f.mem + f.len - sysconf(_SC_PAGESIZE), sysconf(_SC_PAGESIZE),
+                     PROT_READ | PROT_WRITE), 0);
+  EXPECT_EQ(cxr_sandbox_run(validate_tree, &a), 0);
+  munmap(f.mem, f.len);
+}
+
+}  // namespace
