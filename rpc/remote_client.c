@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,6 +45,7 @@ struct cxr__rconn {
   int close_done; /* atomic: the server let go of our heap's replica */
   bool open_sent;
   r_open_rep open_rep;
+  int cb_queued;  /* atomic: callbacks handed to the progress thread and not yet returned */
   uint64_t *rel;  /* result roots to give back (under c->lock) */
   uint32_t nrel;
 };
@@ -55,7 +57,6 @@ static cxr_rdma *engine;  /* set once, never freed */
 static spares client_spares = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static cxr_rdma *eng(void) { return __atomic_load_n(&engine, __ATOMIC_ACQUIRE); }
 static struct cxr__rconn *rt_conns;
-static uint64_t rt_token;
 
 static struct cxr__rconn *find_conn(uint64_t token) {
   for (struct cxr__rconn *r = rt_conns; r; r = r->next)
@@ -63,19 +64,39 @@ static struct cxr__rconn *find_conn(uint64_t token) {
   return NULL;
 }
 
+/* A token for a new connection (under rt_lock): random and unused here. Replies are matched
+ * to connections by it, and the server wants it with every call, so a peer that never saw
+ * it can neither answer our calls nor act on our connection (tokens were 1, 2, 3...). */
+static uint64_t new_token(void) {
+  for (;;) {
+    uint64_t t = 0;
+    if (getrandom(&t, sizeof t, 0) != (ssize_t)sizeof t) { /* no entropy: still unique */
+      static uint64_t fallback;
+      t = (uint64_t)cxr_now_ns() ^ ((uint64_t)getpid() << 32) ^ ++fallback;
+    }
+    if (t != 0 && find_conn(t) == NULL) return t;
+  }
+}
+
 static bool final(uint32_t s) { return s == CXR__F_DONE || s == CXR__F_ORPHAN; }
 
 static void run_cb(void *arg) {
   cxr_future *f = arg;
+  struct cxr__rconn *rc = f->c->remote; /* (the callback may free f) */
   f->taken = true;
   f->cb(f->err, f->result, f->cb_user);
+  __atomic_sub_fetch(&rc->cb_queued, 1, __ATOMIC_SEQ_CST);
 }
 
 static void fire(cxr_future *f) {
   uint32_t armed = CXR__CB_ARMED;
-  if (__atomic_compare_exchange_n(&f->cb_state, &armed, CXR__CB_FIRED, false, __ATOMIC_SEQ_CST,
-                                  __ATOMIC_SEQ_CST))
-    cxr__rdma_defer_quiet(eng(), run_cb, f);  /* no wake-up: we may hold rt_lock */
+  if (!__atomic_compare_exchange_n(&f->cb_state, &armed, CXR__CB_FIRED, false, __ATOMIC_SEQ_CST,
+                                   __ATOMIC_SEQ_CST))
+    return;
+  struct cxr__rconn *rc = f->c->remote;
+  __atomic_add_fetch(&rc->cb_queued, 1, __ATOMIC_SEQ_CST);
+  if (cxr__rdma_defer_quiet(eng(), run_cb, f) != 0) /* no wake-up: we may hold rt_lock */
+    __atomic_sub_fetch(&rc->cb_queued, 1, __ATOMIC_SEQ_CST);
 }
 
 static bool expire(cxr_future *f, int err) {
@@ -415,7 +436,7 @@ again:
     goto fail;
   }
   pthread_mutex_lock(&rt_lock);
-  x->token = ++rt_token;
+  x->token = new_token();
   x->next = rt_conns;
   rt_conns = x;
   pthread_mutex_unlock(&rt_lock);
@@ -553,7 +574,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
   for (size_t i = 0; i < nr; i++)
     if (rg[i].len) iov[niov++] = (struct iovec){(void *)rg[i].p, rg[i].len};
   r_call h = {.magic = R_MAGIC, .method = method, .conn_id = rc->conn_id,
-              .call_id = cxr__future_call_id(f),
+              .call_id = cxr__future_call_id(f), .token = rc->token,
               .args = inl ? 0 : (uint64_t)(uintptr_t)args, .arg_len = inl ? inl : bytes,
               .deadline_rel = rel, .flags = o->flags & ~(unsigned)CXR_CALL_SEAL,
               .nranges = (uint32_t)nr, .nrel = nrel, .inline_len = (uint32_t)inl};
@@ -664,16 +685,13 @@ void cxr__remote_future_free(cxr_future *f) {
 void cxr__remote_close(cxr_conn *c) {
   struct cxr__rconn *rc = c->remote;
   fail_all(c, CXR_ECLOSED);
-  /* Callbacks still queued on the progress thread must run before the table goes. */
-  for (int i = 0; i < 2000; i++) {
-    bool queued = false;
-    for (uint32_t k = 0; k < c->ntab; k++)
-      if (__atomic_load_n(&c->tab[k].cb_state, __ATOMIC_ACQUIRE) == CXR__CB_FIRED &&
-          __atomic_load_n(&c->tab[k].state, __ATOMIC_ACQUIRE) != CXR__F_FREE)
-        queued = true;
-    if (!queued) break;
+  /* Callbacks handed to the progress thread must have returned before the table goes (they
+   * read their future, and may free it). Until 2026-11-23 this waited for their futures to
+   * be FREE, which a callback that frees its own future never makes them (ABANDONED): every
+   * such close took the whole second, then freed the table anyway. */
+  for (int i = 0; i < 2000 && __atomic_load_n(&rc->cb_queued, __ATOMIC_SEQ_CST) > 0; i++)
     usleep(500);
-  }
+  bool stuck = __atomic_load_n(&rc->cb_queued, __ATOMIC_SEQ_CST) > 0;
   if (rc->ep && cxr_rdma_ep_status(rc->ep) == 0) {
     r_close cl = {.magic = R_MAGIC, .conn_id = rc->conn_id, .token = rc->token};
     int64_t end = cxr_now_ns() + 200000000;
@@ -685,6 +703,13 @@ void cxr__remote_close(cxr_conn *c) {
         if (cxr__rdma_progress(r) == 0) usleep(20);
       cxr__rdma_waiter(r, -1);
     }
+  }
+  if (stuck) {
+    /* Still queued after 1 s: behind a callback that runs long, or that closes us from
+     * the progress thread they wait on. Their memory stays (a leak, not a use after free). */
+    CXR_WARN("remote %s: closed with callbacks still queued; its memory is left to them",
+             rc->chan);
+    return;
   }
   rconn_free(c);
 }

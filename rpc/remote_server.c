@@ -473,6 +473,10 @@ static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m, int64_t arrived
   if (hl != sizeof *hp || hp->magic != R_MAGIC) return;
   r_call h = *hp;
   rsconn *c = rs_get(l, h.conn_id);
+  if (c != NULL && c->token != h.token) { /* not its client: as if there were no such id */
+    rs_put(l, c);
+    c = NULL;
+  }
   if (c == NULL) return reply_call(NULL, m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
   run_call(l, m, &h, c, arrived);
   rs_put(l, c);

@@ -32,7 +32,8 @@ enum {
 
 typedef struct r_open {
   uint32_t magic, version;
-  uint64_t token;
+  uint64_t token;    /* random: names the connection in every message of both sides, so a
+                        peer that does not know it cannot act on it (ids are sequential) */
   uint64_t heap_addr, heap_size;
   char chan[CXR__CHAN_NAME_MAX + 1];
   char who[63];  /* "hostname/pid" of the client, for cxr_call_peer */
@@ -48,6 +49,7 @@ typedef struct r_open_rep {
 typedef struct r_call {
   uint32_t magic, method;
   uint64_t conn_id, call_id;
+  uint64_t token;    /* the client's, as sent in OPEN: a call on a connection must carry it */
   uint64_t args, arg_len;
   int64_t deadline_rel;
   uint32_t flags, nranges, nrel, inline_len;

@@ -308,6 +308,23 @@ TEST_F(NetnsRemote, ConnectsThatGiveUpAfterTheirOpenLeaveNothingOnTheServer) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, ClosingWithACallbackThatFreesItsFutureDoesNotWaitForNothing) {
+  // A pending call whose callback frees its own future (as cxr_future_then(3) shows), then
+  // the close: the callback runs (CXR_ECLOSED) before the close returns, and the close does
+  // not wait for the future to become free, which it never does (it took the close's whole
+  // 1 s bound every time before, then freed the table anyway).
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  long took = -1, ran = -1;
+  std::string r = ask(a, "cbclose 3000", 30000);
+  ASSERT_EQ(sscanf(r.c_str(), "ok %ld %ld", &took, &ran), 2) << r;
+  EXPECT_EQ(ran, 1);
+  EXPECT_LT(took, 900) << "the close waited out its bound";
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST_F(NetnsRemote, ASlowHandlerHoldsUpNeitherOtherCallsNorConnects) {
   // The server has two workers: a handler that sleeps leaves the other worker and the
   // listener free.

@@ -24,6 +24,9 @@
  *       cancelmany K MS   -> like queued, K spin calls of MS ms each wait behind the two
  *                            sleeping calls, and all K are cancelled at once: "ok <spin
  *                            handlers started since>" (0: the server skipped every one)
+ *       cbclose MS        -> a call the server sleeps MS in, with a callback that frees its
+ *                            future, then the connection's close: "ok <ms the close took>
+ *                            <callbacks run>"
  *       forkexit          -> a child made by fork(2) returns from main (atexit handlers run,
  *                            the parent's engine among them): "ok <child's exit status>"
  *       forkcall          -> a child made by fork(2) calls on the parent's connection, then
@@ -261,6 +264,13 @@ static int server(const char *name, const char *listen) {
 
 static cxr_conn *conn;
 static char target[256];
+
+static int callbacks_run;
+static void free_own_future(int err, void *result, void *user) {
+  (void)err, (void)result;
+  __atomic_add_fetch(&callbacks_run, 1, __ATOMIC_SEQ_CST);
+  cxr_future_free(user);
+}
 
 static int do_connect(long ms) {
   if (conn) cxr_conn_close(conn), conn = NULL;
@@ -596,6 +606,22 @@ static int client(const char *t) {
       else printf("ok\n");
       cxr_conn_free(conn, res);
       if (b) cxr_heap_free(cxr_conn_heap(conn), b);
+    } else if (sscanf(line, "cbclose %ld", &a) == 1) {
+      int64_t ms = a;
+      cxr_call_opts co;
+      cxr_call_opts_init(&co);
+      co.flags = CXR_CALL_INLINE;
+      co.arg_len = sizeof ms;
+      cxr_future *f = NULL;
+      int rc = cxr_conn_call_async(conn, M_SLEEP, &ms, &f, &co);
+      if (rc == 0) rc = cxr_future_then(f, free_own_future, f);
+      usleep(100000);
+      int64_t t0 = cxr_now_ns();
+      cxr_conn_close(conn);
+      conn = NULL;
+      long took = (long)((cxr_now_ns() - t0) / 1000000);
+      if (rc) printf("err %d\n", rc);
+      else printf("ok %ld %d\n", took, __atomic_load_n(&callbacks_run, __ATOMIC_SEQ_CST));
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
       int rc = cxr_conn_call(conn, M_WHOAMI, NULL, (void **)&pid, NULL);

@@ -110,6 +110,7 @@ class Hostile : public ::testing::Test {
   int call(r_call h, const std::vector<char> &data) {
     h.magic = R_MAGIC;
     h.call_id = next_call++ << 32 | 1;
+    if (h.token == 0) h.token = 77;  // the token our open sent
     if (h.deadline_rel == 0) h.deadline_rel = 1000000000;
     struct iovec iov = {(void *)data.data(), data.size()};
     int n = rep.calls.load();
@@ -179,6 +180,13 @@ TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
   h.inline_len = 4096;
   EXPECT_EQ(call(h, d), CXR_EPROTO);
   h.inline_len = 0;
+  // A call naming our connection without its token (a peer that guessed the sequential
+  // id, say): refused as if there were no such connection. (It ran before tokens came
+  // with calls.)
+  d.clear();
+  h.token = 78;
+  EXPECT_EQ(call(h, d), CXR_ECLOSED);
+  h.token = 0;
   // Arguments pointing outside the replica; an unknown method; an unknown connection.
   d.clear();
   h.args = 0x1000;
@@ -257,6 +265,7 @@ TEST_F(Hostile, AReplyStillInFlightKeepsItsResultHeapFromOtherConnections) {
   h.conn_id = id;
   h.method = 9;  // the peer's M_FILL
   h.call_id = 1ull << 32 | 1;
+  h.token = 77;
   h.deadline_rel = 30000000000;
   h.flags = CXR_CALL_INLINE;
   h.inline_len = sizeof fill;
@@ -341,8 +350,6 @@ void fake_call(cxr_rdma_msg *m, void *user) {
   size_t hl;
   const r_call *h = (const r_call *)cxr_rdma_msg_hdr(m, &hl);
   if (hl != sizeof *h) return;
-  uint64_t token = 0;  // the client's token came with the open; any reply names it
-  (void)token;
   r_call_rep rep = {R_MAGIC, 0, 0, h->call_id, 0, 0, 0};
   std::vector<char> d;
   int32_t pid = 4242;
@@ -371,8 +378,8 @@ void fake_call(cxr_rdma_msg *m, void *user) {
       rep.nranges = 1;
       rep.result = f->rs;
   }
-  // Replies must carry the client's token: the fake learns it from the open it answered.
-  rep.token = 1;
+  // Replies must carry the client's token (random; every call carries it).
+  rep.token = h->token;
   struct iovec iov = {d.data(), d.size()};
   cxr_rdma_reply(m, R_CALL_REP, &rep, sizeof rep, d.empty() ? nullptr : &iov, d.empty() ? 0 : 1, 0);
 }
