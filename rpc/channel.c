@@ -600,7 +600,8 @@ void cxr_channel_close(cxr_channel *ch) {
     /* Wait for a serve() running on another thread to return (its handlers to end), at most
      * 2 s; then that serve() finishes the close when it returns. (Until 2026-11-23 the close
      * went on after 10 s and freed what the handler still used.) */
-    for (int i = 0; i < 20000 && __atomic_load_n(&ch->running, __ATOMIC_ACQUIRE); i++) usleep(100);
+    int64_t until = cxr_now_ns() + 2000000000; /* by the clock: sleeps stretch under load */
+    while (__atomic_load_n(&ch->running, __ATOMIC_ACQUIRE) && cxr_now_ns() < until) usleep(100);
     pthread_mutex_lock(&ch->lock); /* serve() takes it before it finishes the close */
     handed = __atomic_load_n(&ch->running, __ATOMIC_ACQUIRE) != 0;
     if (handed)

@@ -265,9 +265,8 @@ TEST(ChannelClose, AServeStillInAHandlerFinishesTheCloseItself) {
     rc = cxr_conn_call(c, M_SLEEP, &a, nullptr, &co);
   });
   usleep(300000);  // the handler runs
-  int64_t t0 = cxr_now_ns();
   cxr_channel_close(ch);
-  EXPECT_LT(ms_since(t0), 4000) << "the close waited for the handler";
+  EXPECT_EQ(rc.load(), 1) << "the close waited for the handler";  // (its call still pending)
   server.join();  // serve() returns after the handler, and finishes the close
   client.join();
   EXPECT_TRUE(rc == 0 || rc == CXR_ECLOSED) << rc.load();
