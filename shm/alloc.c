@@ -312,6 +312,7 @@ typedef struct found {
   uint32_t head;     /* head page of the run */
   unsigned kind;     /* CXR_PM_SLAB or CXR_PM_LARGE */
   unsigned cls;
+  uint32_t npages;   /* for page runs: the length checked against the map, read once */
   cxr__blk *blk;     /* for slabs */
 } found;
 
@@ -334,6 +335,7 @@ static int find_ptr(const cxr_heap *h, const void *p, found *f) {
   if (kind == CXR_PM_LARGE) {
     uint32_t n = cxr__pm_npages(w0);
     if (off != h->data_off + pg * CXR_PAGE || n == 0 || n > h->npages - pg) return CXR_EBADPTR;
+    f->npages = n;
     return 0;
   }
   if (cxr__pm_npages(w0) != CXR_SLAB_PAGES || pg + CXR_SLAB_PAGES > h->npages) return CXR_EBADPTR;
@@ -368,10 +370,17 @@ void cxr_heap_free(cxr_heap *h, void *p) {
       cxr__set_error(rc);
       return;
     }
-    /* Recheck under the lock: a concurrent double free finds a FREE head. */
-    if (cxr__pm_kind(LD(h->pm[f.head].w0)) == CXR_PM_LARGE) {
-      cxr__run_release(&h->g, f.head);
-      atomic_fetch_add_explicit(&h->hdr->slots[h->slot].frees, 1, memory_order_relaxed);
+    /* Recheck under the lock: a concurrent double free finds a FREE head. The head is read
+     * once: its length, checked by cxr__run_release, is the one the run is freed with. */
+    uint64_t w0 = LD(h->pm[f.head].w0);
+    if (cxr__pm_kind(w0) == CXR_PM_LARGE) {
+      if (cxr__run_release(&h->g, f.head, cxr__pm_npages(w0)) == 0) {
+        atomic_fetch_add_explicit(&h->hdr->slots[h->slot].frees, 1, memory_order_relaxed);
+      } else {
+        CXR_ERR("heap %s: free of %p: its page run's length (%u pages) is damaged; leaving "
+                "the run as it is", h->hdr->name, p, cxr__pm_npages(w0));
+        cxr__set_error(CXR_ECORRUPT);
+      }
     } else {
       CXR_ERR("heap %s: double free of pages at %p", h->hdr->name, p);
       cxr__set_error(CXR_EINVAL);
@@ -419,7 +428,8 @@ size_t cxr_heap_usable_size(const cxr_heap *h, const void *p) {
   if (cxr__heap_check(h) != 0 || p == NULL) return 0;
   found f;
   if (find_ptr(h, p, &f) != 0) return 0;
-  if (f.kind == CXR_PM_LARGE) return (size_t)cxr__pm_npages(LD(h->pm[f.head].w0)) * CXR_PAGE;
+  /* The length find_ptr checked, not a second read: realloc copies this many bytes. */
+  if (f.kind == CXR_PM_LARGE) return (size_t)f.npages * CXR_PAGE;
   if (cxr__tag_state(LD(f.blk->tag)) != CXR_BLK_ALLOC) return 0;
   return class_size[f.cls];
 }

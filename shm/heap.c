@@ -75,11 +75,14 @@ int cxr__check_header(int fd, const cxr__reg_entry *e, cxr__hdr *out) {
   uint64_t mo, dof, np;
   cxr__geometry(out->size, &mo, &dof, &np);
   if (mo != out->map_off || dof != out->data_off || np != out->npages) return CXR_ECORRUPT;
-  if (e && (e->addr != out->addr || e->generation != out->generation ||
+  /* The size too: a holder can grow the file and write a larger size with a geometry to
+   * match, and the mapping would then cover the heaps after this one's range. */
+  if (e && (e->addr != out->addr || e->size != out->size || e->generation != out->generation ||
             strncmp(e->name, out->name, sizeof e->name) != 0)) {
-    CXR_ERR("heap %s: header disagrees with the registry (addr %#lx/%#lx, gen %lu/%lu)",
-            e->name, (unsigned long)out->addr, (unsigned long)e->addr,
-            (unsigned long)out->generation, (unsigned long)e->generation);
+    CXR_ERR("heap %s: header disagrees with the registry (addr %#lx/%#lx, size %lu/%lu, "
+            "gen %lu/%lu)", e->name, (unsigned long)out->addr, (unsigned long)e->addr,
+            (unsigned long)out->size, (unsigned long)e->size, (unsigned long)out->generation,
+            (unsigned long)e->generation);
     return CXR_ECORRUPT;
   }
   return 0;
@@ -382,6 +385,14 @@ static void release(cxr_heap *h, bool unmap) {
     }
     cxr__heap_reap_locked(h);
     cxr__heap_unlock(h);
+  } else if (h->epoch == cxr__fork_epoch) {
+    /* The lock stays taken (a stopped holder, an overwritten word). Left live, our slot
+     * would name a living pid and nothing would come back to it (the handle leaves the list
+     * the exit hook walks): a heap marked for removal would keep its file and registry
+     * entry. Closed, it is no holder for the sweep below, and a reaper releases it. */
+    cxr__slot *s = &h->hdr->slots[h->slot];
+    uint32_t live = CXR_SLOT_LIVE;
+    if (s->gen == h->gen) atomic_compare_exchange_strong(&s->state, &live, CXR_SLOT_CLOSED);
   }
   cxr__map *m = h->m;
   for (cxr_heap **pp = &cxr__heaps; *pp; pp = &(*pp)->next)

@@ -85,7 +85,9 @@ static inline unsigned cxr__pm_slot(uint64_t w) { return (unsigned)(w >> 40) & 0
 static inline uint32_t cxr__pm_npages(uint64_t w) { return (uint32_t)w; }
 
 /* ---- holder slots (leases) ---- */
-enum { CXR_SLOT_FREE = 0, CXR_SLOT_LIVE = 1 };
+/* CLOSED: its holder closed but could not take the lock to release it (a lock word nobody
+ * releases); the next reaper releases it as a clean close, and no sweep counts it. */
+enum { CXR_SLOT_FREE = 0, CXR_SLOT_LIVE = 1, CXR_SLOT_CLOSED = 2 };
 
 typedef struct cxr__slot {
   CXR_ATOMIC(uint32_t) state;     /* written last when taken, first when released */

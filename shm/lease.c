@@ -84,7 +84,16 @@ int cxr__heap_reap_locked(cxr_heap *h) {
   int64_t now = cxr__realtime_ns();
   for (unsigned i = 0; i < CXR_MAX_HOLDERS; i++) {
     cxr__slot *s = &hdr->slots[i];
-    if (atomic_load(&s->state) != CXR_SLOT_LIVE) continue;
+    uint32_t state = atomic_load(&s->state);
+    if (state == CXR_SLOT_CLOSED) {
+      CXR_INFO("heap %s: releasing slot %u, closed by pid %d without the lock", hdr->name, i,
+               s->pid);
+      r.gen[i] = s->gen;
+      r.clean[i] = true;
+      n++;
+      continue;
+    }
+    if (state != CXR_SLOT_LIVE) continue;
     if (i == h->slot && s->gen == h->gen && h->epoch == cxr__fork_epoch) continue;
     if (!cxr__slot_dead(s, now)) continue;
     CXR_INFO("heap %s: holder pid %d (slot %u) is dead; recovering its memory", hdr->name,

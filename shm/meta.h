@@ -40,8 +40,9 @@ static inline uint64_t off_of(const cxr__geo *g, const void *p) {
  * cxr__run_commit. -1 when no run is large enough. */
 int64_t cxr__run_take(const cxr__geo *g, uint32_t n);
 void cxr__run_commit(const cxr__geo *g, uint32_t pg, uint32_t n, uint64_t w0, uint64_t w1);
-/* Frees the run headed at pg (commits FREE first, then coalesces). */
-void cxr__run_release(const cxr__geo *g, uint32_t pg);
+/* Frees the run of n pages headed at pg (commits FREE first, then coalesces); n as read
+ * from the head once. CXR_ECORRUPT, and nothing written, when n does not fit the map. */
+int cxr__run_release(const cxr__geo *g, uint32_t pg, uint32_t n);
 /* Is `off` the header of a block of class c inside a slab of class c? */
 bool cxr__blk_valid(const cxr__geo *g, uint64_t off, unsigned c);
 

@@ -13,11 +13,14 @@
 /* ---------------- page runs (heap lock held) ---------------- */
 
 /* Is pg the head of a well-formed free run (links inside the map)? Shared metadata is
- * checked before it is followed: a damaged map must not make us write out of bounds. */
-static bool run_ok(const cxr__geo *g, uint32_t pg) {
+ * checked before it is followed: a damaged map must not make us write out of bounds. The
+ * length checked is handed back in *len: any holder can write the map, also while we hold
+ * the lock, so a second read could return another length than the one checked. */
+static bool run_ok(const cxr__geo *g, uint32_t pg, uint32_t *len) {
   if (pg >= g->npages) return false;
   uint64_t w0 = LD(g->pm[pg].w0), w1 = LD(g->pm[pg].w1);
   uint32_t rn = cxr__pm_npages(w0);
+  *len = rn;
   return cxr__pm_kind(w0) == CXR_PM_FREE && rn >= 1 && rn <= g->npages - pg &&
          (w1 >> 32) <= g->npages && (uint32_t)w1 <= g->npages;
 }
@@ -74,12 +77,11 @@ int64_t cxr__run_take(const cxr__geo *g, uint32_t n) {
     bool damaged = false;
     uint64_t guard = 0;
     for (uint32_t r = hdr->free_runs; r != 0; guard++) {
-      uint32_t pg = r - 1;
-      if (guard > g->npages || !run_ok(g, pg)) {
+      uint32_t pg = r - 1, rn;
+      if (guard > g->npages || !run_ok(g, pg, &rn)) {
         damaged = true;
         break;
       }
-      uint32_t rn = cxr__pm_npages(LD(pm[pg].w0));
       uint32_t next = (uint32_t)(LD(pm[pg].w1) >> 32);
       if (rn >= n) {
         run_unlink(g, pg);
@@ -107,32 +109,33 @@ void cxr__run_commit(const cxr__geo *g, uint32_t pg, uint32_t n, uint64_t w0, ui
   ST(pm[pg].w0, w0); /* commit */
 }
 
-/* Frees the run headed at pg: commits FREE first, then coalesces with its neighbours. */
-void cxr__run_release(const cxr__geo *g, uint32_t pg) {
+/* Frees the run of n pages headed at pg: commits FREE first, then coalesces with its
+ * neighbours. n is the length the caller read from the head once; it is checked here, before
+ * anything is written: a holder may have rewritten it (while we waited for the lock, say),
+ * and the tail tag at pg + n - 1 would then land outside the map. CXR_ECORRUPT: untouched. */
+int cxr__run_release(const cxr__geo *g, uint32_t pg, uint32_t n) {
+  if (pg >= g->npages || n == 0 || n > g->npages - pg) return CXR_ECORRUPT;
   cxr__pme *pm = pmap(g);
-  uint32_t n = cxr__pm_npages(LD(pm[pg].w0));
   ST(pm[pg].w1, 0);
   ST(pm[pg].w0, cxr__pm_w0(CXR_PM_FREE, 0, 0, n));
-  uint32_t next = pg + n;
-  if (next < g->npages && run_ok(g, next)) {
+  uint32_t next = pg + n, nn;
+  if (next < g->npages && run_ok(g, next, &nn)) {
     run_unlink(g, next);
-    n += cxr__pm_npages(LD(pm[next].w0));
+    n += nn;
   }
   if (pg > 0) {
     uint64_t pw = LD(pm[pg - 1].w0);
-    uint32_t p = UINT32_MAX;
+    uint32_t p = UINT32_MAX, pn;
     if (cxr__pm_kind(pw) == CXR_PM_FREE) p = pg - 1;
     else if (cxr__pm_kind(pw) == CXR_PM_FTAIL) p = (uint32_t)LD(pm[pg - 1].w1);
-    if (p < pg && run_ok(g, p)) {
-      uint64_t hw = LD(pm[p].w0);
-      if (p + cxr__pm_npages(hw) == pg) {
-        run_unlink(g, p);
-        n += cxr__pm_npages(hw);
-        pg = p;
-      }
+    if (p < pg && run_ok(g, p, &pn) && pn == pg - p) {
+      run_unlink(g, p);
+      n += pn;
+      pg = p;
     }
   }
   run_make_free(g, pg, n);
+  return 0;
 }
 
 /* ---------------- format, lock, rebuild ---------------- */

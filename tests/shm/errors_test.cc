@@ -9,7 +9,9 @@
 #include <sys/resource.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <set>
+#include <thread>
 
 #include <cxrpc/shm.h>
 
@@ -494,4 +496,125 @@ TEST(Errors, AFreeThatCannotTakeTheHeapLockSaysWhy) {
   EXPECT_EQ(cxr_last_error(), CXR_ECORRUPT);
   cxr_heap_close(h);
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
+
+// The page-map entry of the page run at p, as a peer that maps the heap sees it.
+static cxr__pme *run_head_entry(cxr_heap *h, void *p) {
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  uint64_t pg = ((char *)p - (char *)hdr - hdr->data_off) / CXR_PAGE;
+  return (cxr__pme *)((char *)hdr + hdr->map_off) + pg;
+}
+
+TEST(Errors, ARunLengthRewrittenWhileAFreeWaitsForTheLockIsNotFollowed) {
+  // Any holder can write the page map. One that holds the heap's lock while another process
+  // frees a page run, and rewrites that run's length before it unlocks: the free checked
+  // the length before it waited for the lock and read it again after, then wrote a boundary
+  // tag 32 GiB past the page map (SIGSEGV, or another heap's memory). Now it refuses.
+  std::string name = uniq("regrown");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(create_self_removing(&h, name, 4 << 20), 0);
+  void *run = cxr_heap_alloc_pages(h, 64 << 10);
+  ASSERT_NE(run, nullptr);
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  cxr__pme *head = run_head_entry(h, run);
+  uint64_t w0 = head->w0.load();
+  ASSERT_EQ(cxr__pm_kind(w0), (unsigned)CXR_PM_LARGE);
+  ASSERT_EQ(cxr__pm_npages(w0), 16u);
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  pid_t victim = spawn([&]() -> int {
+    if (cxr_heap_renew(h) != 0) return 10;  // its own lease, taken before the lock is held
+    char c;
+    if (write(ready[1], "v", 1) != 1 || read(go[0], &c, 1) != 1) return 11;
+    cxr_heap_free(h, run);  // finds a good run, then waits for the lock
+    return cxr_last_error() == CXR_ECORRUPT ? 0 : 12;
+  });
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  pid_t hostile = spawn([&]() -> int {
+    if (pthread_mutex_lock(&hdr->lock) != 0) return 20;
+    if (write(ready[1], "h", 1) != 1) return 21;
+    // glibc sets FUTEX_WAITERS in the lock word once another thread blocks on it.
+    unsigned *word = reinterpret_cast<unsigned *>(&hdr->lock);
+    for (int ms = 0; !(__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x80000000u); ms++) {
+      if (ms > 1500) return 22;  // the victim waits 2 s at most
+      usleep(1000);
+    }
+    head->w0.store(cxr__pm_w0(CXR_PM_LARGE, 0, cxr__pm_slot(w0), 0x7ffffff0u));
+    return pthread_mutex_unlock(&hdr->lock) == 0 ? 0 : 23;
+  });
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  EXPECT_EQ(wait_child(hostile), 0);
+  EXPECT_EQ(wait_child(victim), 0) << "0: refused; 139: SIGSEGV";
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+  head->w0.store(w0);  // repaired: the run frees as usual
+  cxr_heap_free(h, run);
+  EXPECT_EQ(head->w0.load() >> 56, (uint64_t)CXR_PM_FREE);
+  cxr_heap_close(h);
+}
+
+TEST(Errors, UsableSizeOfARunBeingRewrittenStaysInsideTheHeap) {
+  // usable_size checked a run's length and then read it again: a holder rewriting it in
+  // between made it report up to 16 TiB, and cxr_heap_realloc then copied that much.
+  std::string name = uniq("usable");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(create_self_removing(&h, name, 4 << 20), 0);
+  void *run = cxr_heap_alloc_pages(h, 64 << 10);
+  ASSERT_NE(run, nullptr);
+  cxr__pme *head = run_head_entry(h, run);
+  uint64_t w0 = head->w0.load();
+  uint64_t bad = cxr__pm_w0(CXR_PM_LARGE, 0, cxr__pm_slot(w0), 0x7ffffff0u);
+  std::atomic<bool> stop{false};
+  std::thread scribbler([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      head->w0.store(bad);
+      head->w0.store(w0);
+    }
+  });
+  size_t worst = 0;
+  int64_t until = cxr_now_ns() + 1000000000;
+  while (cxr_now_ns() < until && worst <= cxr_heap_size(h))
+    for (int i = 0; i < 1000; i++) worst = std::max(worst, cxr_heap_usable_size(h, run));
+  stop = true;
+  scribbler.join();
+  head->w0.store(w0);
+  EXPECT_LE(worst, (size_t)(64 << 10));
+  EXPECT_EQ(cxr_heap_usable_size(h, run), (size_t)(64 << 10));
+  cxr_heap_free(h, run);
+  cxr_heap_close(h);
+}
+
+TEST(Errors, AHeaderThatGrewPastTheRegistrysSizeIsRefused) {
+  // A holder can grow a heap's file and write a larger size, with the geometry to match,
+  // into its header. The next process to open it mapped it across the heap after it (which
+  // then failed to open with CXR_EADDRINUSE). The registry's size decides now.
+  std::string na = uniq("grown-a"), nb = uniq("grown-b");
+  cxr_heap *a = nullptr, *b = nullptr;
+  ASSERT_EQ(cxr_heap_create(&a, na.c_str(), 2 << 20, nullptr), 0);
+  ASSERT_EQ(cxr_heap_create(&b, nb.c_str(), 2 << 20, nullptr), 0);
+  ASSERT_EQ((uintptr_t)cxr_heap_base(b), (uintptr_t)cxr_heap_base(a) + (2 << 20));
+  cxr_heap_close(a);
+  cxr_heap_close(b);
+  std::string path = g_root + "/" + na + ".heap";
+  pid_t pid = spawn([&]() -> int {
+    cxr_heap *ha = nullptr;
+    if (cxr_heap_open(&ha, na.c_str()) != 0) return 10;
+    if (truncate(path.c_str(), 4 << 20) != 0) return 11;
+    cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(ha);
+    hdr->size = 4 << 20;
+    cxr__geometry(hdr->size, &hdr->map_off, &hdr->data_off, &hdr->npages);
+    cxr_heap_close(ha);
+    return 0;
+  });
+  ASSERT_EQ(wait_child(pid), 0);
+  a = nullptr;
+  EXPECT_EQ(cxr_heap_open(&a, na.c_str()), CXR_ECORRUPT);
+  EXPECT_EQ(a, nullptr);
+  if (a) cxr_heap_close(a);
+  EXPECT_EQ(cxr_heap_open(&b, nb.c_str()), 0);
+  if (b) cxr_heap_close(b);
+  EXPECT_EQ(cxr_heap_unlink(na.c_str()), 0);
+  EXPECT_EQ(cxr_heap_unlink(nb.c_str()), 0);
 }

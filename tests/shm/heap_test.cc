@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -380,6 +381,53 @@ TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
   EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);
   EXPECT_GE(cxr_now_ns() - t0, 1000000000);
   cxr_heap_close(h);  // returns: its flushes give up
+}
+
+TEST(Heap, ACloseThatCannotTakeTheLockStillLetsTheHeapGo) {
+  // A close that gave up on a lock word nobody releases left its holder slot live under its
+  // own, living pid, and nothing came back to it: a remove-on-last-close heap kept its file
+  // and its registry entry (one of the pod's 256) for as long as the process lived.
+  std::string name = uniq("stuckclose");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(create_self_removing(&h, name, 2 << 20), 0);
+  std::string path = g_root + "/" + name + ".heap";
+  int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  void *peer = mmap(nullptr, sizeof(cxr__hdr), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(peer, MAP_FAILED);  // the header as another process maps it
+  int *word = reinterpret_cast<int *>(static_cast<char *>(peer) + offsetof(cxr__hdr, lock));
+  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);  // "held" by a thread that never unlocks
+  cxr_heap_close(h);                                   // gives up on the lock after 2 s
+  __atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+  munmap(peer, sizeof(cxr__hdr));
+  cxr_heap_info info[64];
+  size_t n = 0;
+  ASSERT_EQ(cxr_registry_list(info, 64, &n), 0);  // sweeps
+  for (size_t i = 0; i < n && i < 64; i++)
+    EXPECT_NE(name, info[i].name) << "still registered, holders " << info[i].holders;
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "file left behind";
+  // A heap that stays: the next reaper releases such a slot as a clean close, so what the
+  // closed handle allocated stays allocated (others may point to it).
+  std::string kept = uniq("stuckclose");
+  cxr_heap *h2 = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, kept.c_str(), 2 << 20, nullptr), 0);
+  ASSERT_EQ(cxr_heap_open(&h2, kept.c_str()), 0);
+  void *p = cxr_heap_alloc(h, 64);
+  ASSERT_NE(p, nullptr);
+  word = reinterpret_cast<int *>(static_cast<char *>(cxr_heap_base(h)) +
+                                 offsetof(cxr__hdr, lock));
+  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);
+  cxr_heap_close(h);
+  __atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+  EXPECT_EQ(cxr_heap_reap(h2), 1);
+  cxr_heap_stats st;
+  ASSERT_EQ(cxr_heap_stats(h2, &st), 0);
+  EXPECT_EQ(st.holders, 1u);
+  EXPECT_EQ(cxr_heap_usable_size(h2, p), 64u);
+  cxr_heap_free(h2, p);
+  cxr_heap_close(h2);
+  EXPECT_EQ(cxr_heap_unlink(kept.c_str()), 0);
 }
 
 extern "C" int64_t cxr__reg_wait_ns;  // shm/registry.h: how long the registry's flock is awaited
