@@ -28,6 +28,7 @@ struct cxr_rdma_msg {
   bool *kept_out;     /* while its handler runs: where cxr_rdma_msg_keep reports (the
                          message may belong to another thread as soon as it is kept) */
   bool owned;         /* hdr/data are our malloc'd copies */
+  size_t charge;      /* bytes counted in r->queued until a handler gets it (0: none) */
   cxr_rdma_ep *ref;   /* our accepted endpoint it came on (held open), or NULL */
   struct cxr_rdma_msg *next;
 };
@@ -151,6 +152,8 @@ struct cxr_rdma {
   void *tick_user;
   int64_t spin_ns;
   unsigned pool_target;
+  size_t msg_max;          /* the most data one received message may carry (set at open) */
+  size_t queue_max;        /* the most bytes of messages received and not yet handled */
 
   pthread_mutex_t lock;    /* everything below */
   am_slot am[CXR_RDMA_AM_MAX + 1];
@@ -162,6 +165,8 @@ struct cxr_rdma {
   struct hello_wait *hellos;
   uint64_t next_token;
   uint64_t use_clock;
+  size_t queued;           /* bytes of admitted messages no handler got yet (worker.c) */
+  uint64_t msgs_too_big, msgs_queue_full;  /* messages dropped before any allocation */
 
   int pin_mode;
   size_t pin_budget, pinned, pinned_peak, registered;

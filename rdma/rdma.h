@@ -51,6 +51,13 @@ typedef struct cxr_rdma_opts {
   int64_t spin_ns;     /* the progress thread busy-polls this long after the last event,
                           then sleeps on the worker's event fd; default 2 ms */
   unsigned pool;       /* ready endpoints kept per known host; default 2 */
+  size_t msg_max;      /* the most data one received message may carry: a larger one is
+                          dropped before anything is allocated for it; default
+                          $CXRPC_RDMA_MSG_MAX, or 1 GiB (a $CXRPC_REMOTE_HEAP_MB above it:
+                          that heap + 2 MiB); 0: the same */
+  size_t queue_max;    /* the most bytes of received messages not yet handed to a handler
+                          (its own receive or the progress thread's queue); new ones past it
+                          are dropped; default $CXRPC_RDMA_QUEUE_MAX; 0: msg_max + 1 GiB */
 } cxr_rdma_opts;
 
 void cxr_rdma_opts_init(cxr_rdma_opts *o);
@@ -102,7 +109,8 @@ typedef void (*cxr_rdma_am_fn)(cxr_rdma_msg *m, void *user);
 /* id in [CXR_RDMA_AM_USER_MIN, CXR_RDMA_AM_MAX]. fn NULL removes the handler. */
 int cxr_rdma_am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user);
 /* Sends header (<= 1 KiB) and the data gathered from iov; returns once UCX no longer needs
- * the buffers, or at the deadline (absolute; 0 = 2 s). */
+ * the buffers, or at the deadline (absolute; 0 = 2 s). CXR_EFULL: the receiver refused a
+ * large (rendezvous) message: above its msg_max or past its queue_max. */
 int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov, int64_t deadline_ns);
 /* Same, without waiting: the header is copied, the data must stay valid until the

@@ -27,6 +27,7 @@ int cxr__rdma_status(ucs_status_t s) {
     case UCS_ERR_NO_RESOURCE: return CXR_ENOMEM;
     case UCS_ERR_INVALID_PARAM: return CXR_EINVAL;
     case UCS_ERR_UNSUPPORTED: return CXR_ENOSYS;
+    case UCS_ERR_EXCEEDS_LIMIT: return CXR_EFULL;  /* a receiver refused the data (msg_admit) */
     case UCS_ERR_NO_ELEM: return CXR_ENOENT;
     default: return CXR_EIO;
   }
@@ -34,25 +35,46 @@ int cxr__rdma_status(ucs_status_t s) {
 
 int64_t cxr__deadline(int64_t d) { return d > 0 ? d : cxr_now_ns() + 2000000000; }
 
+/* A size from the environment: a number (decimal, or 0x hexadecimal) with an optional k, M
+ * or G suffix; *v is left alone when the variable is unset or parses to 0. */
+static void env_size(const char *name, size_t *v) {
+  const char *b = getenv(name);
+  if (b == NULL || !*b) return;
+  char *end;
+  unsigned long long n = strtoull(b, &end, 0);
+  if (*end == 'k' || *end == 'K') n <<= 10;
+  else if (*end == 'm' || *end == 'M') n <<= 20;
+  else if (*end == 'g' || *end == 'G') n <<= 30;
+  if (n > 0) *v = (size_t)n;
+}
+
+/* The default bound on one received message's data. A remote call ships its argument graph
+ * (up to its connection heap: $CXRPC_REMOTE_HEAP_MB, 1 to 65536 MiB, 64 by default; see
+ * rpc/remote_client.c) in one message with its range table (at most 65536 ranges, 1 MiB),
+ * so a heap above 1 GiB raises the default to that heap + 2 MiB. */
+static size_t msg_max_default(void) {
+  size_t v = (size_t)1 << 30;
+  const char *h = getenv("CXRPC_REMOTE_HEAP_MB");
+  unsigned long mb = h && *h ? strtoul(h, NULL, 10) : 0;
+  if (mb >= 1 && mb <= 65536 && ((size_t)mb << 20) + (2u << 20) > v)
+    v = ((size_t)mb << 20) + (2u << 20);
+  env_size("CXRPC_RDMA_MSG_MAX", &v);
+  return v;
+}
+
 void cxr_rdma_opts_init(cxr_rdma_opts *o) {
   if (o == NULL) return;
   memset(o, 0, sizeof *o);
   o->pin_budget = 64u << 20;
-  const char *b = getenv("CXRPC_RDMA_PIN_BUDGET");
-  if (b != NULL && *b) {
-    char *end;
-    unsigned long long v = strtoull(b, &end, 0);
-    if (*end == 'k' || *end == 'K') v <<= 10;
-    else if (*end == 'm' || *end == 'M') v <<= 20;
-    else if (*end == 'g' || *end == 'G') v <<= 30;
-    if (v > 0) o->pin_budget = (size_t)v;
-  }
+  env_size("CXRPC_RDMA_PIN_BUDGET", &o->pin_budget);
   o->pin_mode = CXR_RDMA_PIN_AUTO;
   const char *m = getenv("CXRPC_RDMA_PIN");
   if (m != NULL && !strcmp(m, "always")) o->pin_mode = CXR_RDMA_PIN_ALWAYS;
   if (m != NULL && !strcmp(m, "never")) o->pin_mode = CXR_RDMA_PIN_NEVER;
   o->spin_ns = 2000000;
   o->pool = 2;
+  o->msg_max = msg_max_default();
+  env_size("CXRPC_RDMA_QUEUE_MAX", &o->queue_max);
 }
 
 /* ---- requests ---- */
@@ -213,6 +235,8 @@ static unsigned run_queued(cxr_rdma *r) {
     } else if ((m = r->mq_head) != NULL) {
       r->mq_head = m->next;
       if (!r->mq_head) r->mq_tail = NULL;
+      r->queued -= m->charge;  /* its handler has it now (and may keep it) */
+      m->charge = 0;
     }
     am_slot slot = m ? r->am[m->id] : (am_slot){0};
     pthread_mutex_unlock(&r->lock);
@@ -239,6 +263,7 @@ static void drop_messages(cxr_rdma *r) {
     if (m) {
       r->mq_head = m->next;
       if (!r->mq_head) r->mq_tail = NULL;
+      r->queued -= m->charge;
     }
     pthread_mutex_unlock(&r->lock);
     if (m == NULL) break;
@@ -248,12 +273,25 @@ static void drop_messages(cxr_rdma *r) {
 
 /* ---- receiving active messages ---- */
 
+/* What a message costs beyond its header and data (its struct, the allocations' headers). */
+enum { MSG_OVERHEAD = 256 };
+
+/* Gives back what an admitted message counted in r->queued (see msg_admit). */
+static void msg_uncharge(cxr_rdma *r, cxr_rdma_msg *m) {
+  if (m->charge == 0) return;
+  pthread_mutex_lock(&r->lock);
+  r->queued -= m->charge;
+  pthread_mutex_unlock(&r->lock);
+  m->charge = 0;
+}
+
 static void deliver(am_slot *s, cxr_rdma_msg *m) {
   if (s->flags & CXR_RDMA_AM_INLINE) {
     if (s->fn) s->fn(m, s->user);
+    msg_uncharge(s->r, m);
     cxr_rdma_msg_free(m);
   } else {
-    msg_enqueue(s->r, m);
+    msg_enqueue(s->r, m);  /* run_queued gives its charge back */
   }
 }
 
@@ -264,8 +302,12 @@ typedef struct rndv_ctx {
 
 static void rndv_done(void *request, ucs_status_t status, size_t length, void *user) {
   rndv_ctx *c = user;
-  if (status == UCS_OK) deliver(c->slot, c->m);
-  else cxr_rdma_msg_free(c->m);
+  if (status == UCS_OK) {
+    deliver(c->slot, c->m);
+  } else {
+    msg_uncharge(c->slot->r, c->m);
+    cxr_rdma_msg_free(c->m);
+  }
   free(c);
   ucp_request_free(request);
 }
@@ -277,15 +319,74 @@ static void *copy16(const void *src, size_t len) {
   return p;
 }
 
+/* Decides on a message from what its sender announced, before anything is allocated for
+ * it: its id has a handler, its header is no larger than ours (HDR_MAX), its data fits
+ * msg_max, and the bytes of messages received and not yet handed to a handler stay within
+ * queue_max (an empty queue takes any one message). Returns the bytes it now counts in
+ * r->queued, or 0 if it is refused: *st is then what a rendezvous sender's request ends
+ * with. A peer announcing gigabytes (cheap for it: untouched memory) or flooding messages
+ * used to make us allocate all of it (tests/rdma/rdma_test). */
+static size_t msg_admit(am_slot *s, size_t hlen, size_t dlen, ucs_status_t *st) {
+  cxr_rdma *r = s->r;
+  *st = UCS_OK;
+  if (hlen > HDR_MAX || dlen > r->msg_max) {
+    pthread_mutex_lock(&r->lock);
+    uint64_t n = ++r->msgs_too_big;
+    pthread_mutex_unlock(&r->lock);
+    if ((n & (n - 1)) == 0)  /* the 1st, 2nd, 4th... : a flood does not flood the log */
+      CXR_WARN("rdma: dropped a message (id %u, header %zu, %zu bytes): above the engine's "
+               "limit of %zu (msg_max, $CXRPC_RDMA_MSG_MAX); %llu so far", s->id, hlen, dlen,
+               r->msg_max, (unsigned long long)n);
+    *st = UCS_ERR_EXCEEDS_LIMIT;
+    return 0;
+  }
+  size_t charge = hlen + dlen + MSG_OVERHEAD;
+  pthread_mutex_lock(&r->lock);
+  bool handled = s->fn != NULL, full = false;
+  uint64_t n = 0;
+  if (handled && r->queued && charge > r->queue_max - r->queued) {
+    full = true;
+    n = ++r->msgs_queue_full;
+  } else if (handled) {
+    r->queued += charge;
+  }
+  pthread_mutex_unlock(&r->lock);
+  if (!handled) {
+    CXR_DEBUG("rdma: dropped a message for id %u: no handler", s->id);
+    return 0;
+  }
+  if (full) {
+    if ((n & (n - 1)) == 0)
+      CXR_WARN("rdma: dropped a message (id %u, %zu bytes): messages waiting for their "
+               "handlers fill the engine's %zu bytes (queue_max, $CXRPC_RDMA_QUEUE_MAX); "
+               "%llu so far", s->id, dlen, r->queue_max, (unsigned long long)n);
+    *st = UCS_ERR_EXCEEDS_LIMIT;
+    return 0;
+  }
+  return charge;
+}
+
 static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_length,
                                void *data, size_t length, const ucp_am_recv_param_t *param) {
   am_slot *s = arg;
   cxr_rdma *r = s->r;
+  bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  ucs_status_t refused;
+  size_t charge = msg_admit(s, header_length, length, &refused);
+  /* Refused: eager data is UCX's own and goes when we return; a rendezvous receive that is
+   * never started costs nothing, and its sender's request ends with our status. */
+  if (charge == 0) return rndv ? refused : UCS_OK;
   cxr_rdma_msg *m = calloc(1, sizeof *m);
-  if (m == NULL) return UCS_OK;
+  if (m == NULL) {
+    pthread_mutex_lock(&r->lock);
+    r->queued -= charge;
+    pthread_mutex_unlock(&r->lock);
+    return rndv ? UCS_ERR_NO_MEMORY : UCS_OK;
+  }
   m->r = r;
   m->id = s->id;
   m->owned = true;
+  m->charge = charge;
   m->reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
   /* Keep an accepted endpoint open while the message may still answer on it. */
   if (m->reply_ep) m->ref = cxr__ep_hold(r, m->reply_ep);
@@ -293,7 +394,7 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   m->hdr = copy16(header, header_length);
   if (m->hdr == NULL) goto drop;
   m->dlen = length;
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+  if (rndv) {
     m->data = copy16(NULL, length);
     rndv_ctx *c = malloc(sizeof *c);
     if (m->data == NULL || c == NULL) {
@@ -322,6 +423,7 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   return UCS_OK;
 drop:
   CXR_WARN("rdma: dropped a message (id %u, %zu bytes): out of memory", s->id, length);
+  msg_uncharge(r, m);
   cxr_rdma_msg_free(m);
   return UCS_OK;
 }
@@ -622,6 +724,12 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   pthread_mutex_init(&r->bounce_lock, NULL);
   r->spin_ns = o->spin_ns;
   r->pool_target = o->pool;
+  /* Bounds on what peers make us allocate (msg_admit); halved SIZE_MAX keeps the sums of
+   * charges from wrapping. */
+  r->msg_max = o->msg_max ? o->msg_max : msg_max_default();
+  if (r->msg_max > SIZE_MAX / 4) r->msg_max = SIZE_MAX / 4;
+  r->queue_max = o->queue_max ? o->queue_max : r->msg_max + ((size_t)1 << 30);
+  if (r->queue_max > SIZE_MAX / 2) r->queue_max = SIZE_MAX / 2;
   r->efd = -1;
   int rc = CXR_EIO;
 

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 #include <stdint.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include <string>
@@ -615,6 +617,167 @@ TEST(Rdma, AForkChildsCallsOnItsParentsEngineAreRefusedAndLeaveItAlone) {
   EXPECT_EQ(cxr_rdma_rkey_get(m.ep, "spare", &spare, nullptr, nullptr), 0);
   cxr_rdma_ep_close(m.ep);
   cxr_rdma_close(m.r);
+}
+
+// Bytes of a /proc/self/status line ("VmHWM", "VmRSS"), 0 if absent.
+size_t vm_bytes(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char l[256];
+  size_t kb = 0, n = strlen(field);
+  while (f && fgets(l, sizeof l, f))
+    if (!strncmp(l, field, n) && l[n] == ':' && sscanf(l + n + 1, "%zu", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb * 1024;
+}
+
+struct Sizes {
+  std::atomic<int> got{0};
+  std::vector<size_t> lens;  // written by the progress thread, read after `got`
+  std::vector<char> last;
+};
+
+void on_sized(cxr_rdma_msg *m, void *user) {
+  Sizes *z = (Sizes *)user;
+  size_t dl;
+  const char *d = (const char *)cxr_rdma_msg_data(m, &dl);
+  z->lens.push_back(dl);
+  z->last.assign(d, d + dl);
+  z->got.fetch_add(1);
+}
+
+// A peer chooses how many bytes it announces, and announcing gigabytes costs it nothing
+// (untouched MAP_NORESERVE memory): the receiver used to allocate and receive whatever was
+// announced, for any id, before any handler ran (eager copy or rendezvous receive). Now a
+// message above the engine's msg_max is dropped before anything is allocated for it (a
+// rendezvous sender's request ends with CXR_EFULL), and the ones below still arrive.
+TEST(Rdma, AMessageAboveTheEnginesLimitIsDroppedBeforeAnythingIsAllocated) {
+  const size_t limit = 64 << 10, huge = 256u << 20;
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  EXPECT_GE(o.msg_max, (size_t)1 << 30) << "remote calls ship up to a 64 MiB heap and more";
+  o.listen = "127.0.0.1:0";
+  o.msg_max = limit;
+  cxr_rdma *rx, *tx;
+  ASSERT_EQ(cxr_rdma_open(&rx, &o), 0);
+  Sizes z;
+  ASSERT_EQ(cxr_rdma_am_set(rx, 30, on_sized, &z), 0);
+  ASSERT_EQ(cxr_rdma_open(&tx, nullptr), 0);
+  std::string addr = "127.0.0.1:" + std::to_string(cxr_rdma_port(rx));
+  cxr_rdma_ep *ep;
+  ASSERT_EQ(cxr_rdma_connect(tx, addr.c_str(), 0, &ep), 0);
+  char *p = (char *)mmap(nullptr, huge, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  std::vector<char> small(limit);
+  for (size_t i = 0; i < small.size(); i++) small[i] = (char)(i * 11 + 3);
+  // The peak from here on (where the kernel lets us reset it; else the peak so far).
+  int fd = open("/proc/self/clear_refs", O_WRONLY);
+  if (fd >= 0) {
+    if (write(fd, "5", 1) != 1) {}
+    close(fd);
+  }
+  size_t hwm0 = vm_bytes("VmHWM"), rss0 = vm_bytes("VmRSS");
+  // Above the limit: the untouched 256 MiB, and 100 KiB (both dropped), then exactly the limit.
+  std::vector<char> over_buf(100 << 10, 'o');
+  struct iovec big = {p, huge}, over = {over_buf.data(), over_buf.size()};
+  struct iovec at = {small.data(), limit};
+  int rc_big = cxr_rdma_am_send(ep, 30, "b", 1, &big, 1, cxr_now_ns() + 30 * kSec);
+  int rc_over = cxr_rdma_am_send(ep, 30, "o", 1, &over, 1, cxr_now_ns() + 10 * kSec);
+  ASSERT_EQ(cxr_rdma_am_send(ep, 30, "a", 1, &at, 1, cxr_now_ns() + 10 * kSec), 0);
+  ASSERT_EQ(cxr_rdma_am_send(ep, 30, "s", 1, &at, 1, cxr_now_ns() + 10 * kSec), 0);
+  ASSERT_TRUE(wait_for(z.got, 2, 10 * kSec)) << "the messages within the limit got lost";
+  usleep(200000);  // anything else on its way arrives meanwhile
+  size_t hwm = vm_bytes("VmHWM");
+  EXPECT_EQ(z.got.load(), 2) << "a message above the limit reached its handler";
+  for (size_t n : z.lens) EXPECT_LE(n, limit);
+  EXPECT_EQ(z.last, small);
+  EXPECT_LT(hwm, std::max(hwm0, rss0) + huge / 4)
+      << "the receiver allocated the announced " << (huge >> 20) << " MiB";
+  // A rendezvous sender learns that its data was refused; an eager one cannot.
+  EXPECT_TRUE(rc_big == CXR_EFULL) << rc_big;
+  EXPECT_TRUE(rc_over == 0 || rc_over == CXR_EFULL) << rc_over;
+  // The endpoint still carries messages.
+  ASSERT_EQ(cxr_rdma_am_send(ep, 30, "t", 1, &at, 1, cxr_now_ns() + 10 * kSec), 0);
+  EXPECT_TRUE(wait_for(z.got, 3, 10 * kSec));
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(tx);
+  cxr_rdma_close(rx);
+  munmap(p, huge);
+}
+
+// Messages waiting for their handlers are bounded too (queue_max): a flood of messages no
+// handler keeps up with used to pile up without limit. Here the handler of the first
+// message blocks the progress thread; the test thread drives the receiver's worker itself
+// (its own gets wait on it), so four 1 MiB messages arrive meanwhile and wait: two fit the
+// 2.5 MiB bound, the other two are refused (their senders get CXR_EFULL) and never reach
+// the handler.
+TEST(Rdma, MessagesWaitingForTheirHandlerStayWithinTheQueueBound) {
+  const size_t mib = 1 << 20;
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.listen = "127.0.0.1:0";
+  o.msg_max = mib;
+  o.queue_max = 5 * mib / 2;
+  cxr_rdma *rx, *tx;
+  ASSERT_EQ(cxr_rdma_open(&rx, &o), 0);
+  std::atomic<int> entered{0}, release{0};
+  struct Gate {
+    std::atomic<int> *entered, *release;
+  } gate = {&entered, &release};
+  ASSERT_EQ(cxr_rdma_am_set(rx, 31, [](cxr_rdma_msg *, void *u) {
+    Gate *g = (Gate *)u;
+    g->entered->store(1);
+    while (!g->release->load()) usleep(1000);
+  }, &gate), 0);
+  Sizes z;
+  ASSERT_EQ(cxr_rdma_am_set(rx, 32, on_sized, &z), 0);
+  cxr_rdma_opts to;
+  cxr_rdma_opts_init(&to);
+  to.listen = "127.0.0.1:0";
+  ASSERT_EQ(cxr_rdma_open(&tx, &to), 0);
+  static uint64_t word;
+  cxr_rdma_mr *mr;
+  ASSERT_EQ(cxr_rdma_export(tx, "w", &word, sizeof word, &mr), 0);
+  cxr_rdma_ep *ep, *back;
+  ASSERT_EQ(cxr_rdma_connect(tx, ("127.0.0.1:" + std::to_string(cxr_rdma_port(rx))).c_str(), 0,
+                             &ep), 0);
+  ASSERT_EQ(cxr_rdma_connect(rx, ("127.0.0.1:" + std::to_string(cxr_rdma_port(tx))).c_str(), 0,
+                             &back), 0);
+  cxr_rdma_rkey *rk;
+  uint64_t wbase;
+  ASSERT_EQ(cxr_rdma_rkey_get(back, "w", &rk, &wbase, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_am_send(ep, 31, "g", 1, nullptr, 0, 0), 0);
+  ASSERT_TRUE(wait_for(entered, 1, 10 * kSec));
+  std::vector<std::vector<char>> bufs(4, std::vector<char>(mib, 'm'));
+  std::vector<int> rcs(4, 1);
+  std::atomic<int> done{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; i++)
+    ts.emplace_back([&, i] {
+      struct iovec v = {bufs[i].data(), mib};
+      rcs[i] = cxr_rdma_am_send(ep, 32, "q", 1, &v, 1, cxr_now_ns() + 20 * kSec);
+      done.fetch_add(1);
+    });
+  // The receiver's progress thread is stuck in the handler: our gets move its worker.
+  for (int64_t end = cxr_now_ns() + 20 * kSec; done.load() < 4 && cxr_now_ns() < end;) {
+    uint64_t w;
+    ASSERT_EQ(cxr_rdma_get(back, rk, wbase, &w, sizeof w, 0), 0);
+  }
+  for (auto &t : ts) t.join();
+  release.store(1);
+  EXPECT_EQ(std::count(rcs.begin(), rcs.end(), 0), 2);
+  EXPECT_EQ(std::count(rcs.begin(), rcs.end(), (int)CXR_EFULL), 2);
+  ASSERT_TRUE(wait_for(z.got, 2, 10 * kSec));
+  usleep(200000);
+  EXPECT_EQ(z.got.load(), 2) << "more messages waited than the bound lets in";
+  // Handled, the queue takes messages again.
+  struct iovec v = {bufs[0].data(), mib};
+  ASSERT_EQ(cxr_rdma_am_send(ep, 32, "q", 1, &v, 1, cxr_now_ns() + 10 * kSec), 0);
+  EXPECT_TRUE(wait_for(z.got, 3, 10 * kSec));
+  cxr_rdma_ep_close(back);
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(tx);
+  cxr_rdma_close(rx);
 }
 
 TEST(Rdma, DevicesReportNoneHereWithoutFailing) {
