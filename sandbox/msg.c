@@ -48,8 +48,12 @@ int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns) {
     if (r < 0) return cxr__from_errno(errno);
   }
   struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
+  /* Room for several descriptors: a message carries at most one, but the kernel installs as
+   * many as fit the buffer (two fit CMSG_SPACE(sizeof(int))), and every one installed must
+   * be closed unless it is the one we keep (those that do not fit, it closes itself). */
+  enum { FDS_MAX = 8 };
   union {
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(FDS_MAX * sizeof(int))];
     struct cmsghdr align;
   } u;
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
@@ -59,13 +63,18 @@ int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns) {
   while (n < 0 && errno == EINTR);
   if (n == 0) return CXR_EPEERDEAD;
   if (n < 0) return cxr__from_errno(errno);
-  int got = -1;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-        c->cmsg_len >= CMSG_LEN(sizeof(int)))
-      memcpy(&got, CMSG_DATA(c), sizeof got);
-  if (n != (ssize_t)sizeof *m || m->magic != CXR__CXRPCD_MAGIC || (mh.msg_flags & MSG_CTRUNC)) {
-    if (got >= 0) close(got);
+  int fds[FDS_MAX], nfds = 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+      continue;
+    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t j = 0; j < k && nfds < FDS_MAX; j++)
+      memcpy(&fds[nfds++], CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+  }
+  int got = nfds == 1 ? fds[0] : -1;
+  if (n != (ssize_t)sizeof *m || m->magic != CXR__CXRPCD_MAGIC || (mh.msg_flags & MSG_CTRUNC) ||
+      nfds > 1) {
+    for (int j = 0; j < nfds; j++) close(fds[j]);
     return CXR_EPROTO;
   }
   if (fd) *fd = got;

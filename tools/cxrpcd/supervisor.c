@@ -108,9 +108,12 @@ static void drop_client(sup *s, int i) {
   s->clients[i] = s->clients[--s->nclients];
 }
 
-static void reply(int fd, int status) {
+/* Client sockets do not block (accept4): a client that does not read its replies fills its
+ * socket, and a blocking send would stop the supervisor, so every supervised process's
+ * notified syscalls, until it read. Such a send fails instead and the client is dropped. */
+static int reply(int fd, int status) {
   cxr__cxrpcd_msg m = {.magic = CXR__CXRPCD_MAGIC, .type = CXR__MSG_REPLY, .status = status};
-  cxr__msg_send(fd, &m, -1);
+  return cxr__msg_send(fd, &m, -1);
 }
 
 static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
@@ -162,26 +165,31 @@ static void on_client(sup *s, int i) {
     drop_client(s, i);
     return;
   }
+  int sent;
   switch (m.type) {
     case CXR__MSG_ATTACH:
       rc = on_attach(s, cfd, &m, fd);
       if (rc == 0) fd = -1; /* kept */
-      reply(cfd, rc);
+      sent = reply(cfd, rc);
       break;
     case CXR__MSG_REGISTER:
       rc = on_register(s, cfd, &m, fd);
-      reply(cfd, rc);
+      sent = reply(cfd, rc);
       break;
     case CXR__MSG_STATS: {
       cxr__cxrpcd_msg r = {.magic = CXR__CXRPCD_MAGIC, .type = CXR__MSG_REPLY,
                            .allowed = s->allowed, .refused = s->refused};
-      cxr__msg_send(cfd, &r, -1);
+      sent = cxr__msg_send(cfd, &r, -1);
       break;
     }
     default:
-      reply(cfd, CXR_EPROTO);
+      sent = reply(cfd, CXR_EPROTO);
   }
   if (fd >= 0) close(fd);
+  if (sent != 0) {
+    CXR_WARN("cxrpcd: a client does not read its replies (%s); dropping it", cxr_strerror(sent));
+    drop_client(s, i);
+  }
 }
 
 /* Whether descriptor fd of process tgid is a heap file registered for it. Looked up with
@@ -289,7 +297,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     for (int i = nc - 1; i >= 0; i--)
       if (pf[1 + i].revents) on_client(s, i);
     if (pf[0].revents & POLLIN) {
-      int c = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+      int c = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK); /* see reply() */
       if (c >= 0 && s->nclients < MAX_FDS) s->clients[s->nclients++] = c;
       else if (c >= 0) close(c);
     }
