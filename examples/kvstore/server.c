@@ -27,32 +27,49 @@
  * racks is our replica of it), as cheap as the raw API's checks were. --untrusted makes the
  * skeleton validate every request graph first. Results are built in cxr_call_heap(call);
  * across racks the skeleton ships the whole result graph back. */
-static int check_bytes(cxr_call *call, const cxr_bytes *b, size_t max) {
-  if (b->len > max) return CXR_EINVAL;
-  if (b->len == 0) return 0;
-  cxr_range r = cxr_call_arg_range(call);
-  uintptr_t p = (uintptr_t)b->ptr, lo = (uintptr_t)r.p;
-  return p >= lo && p - lo <= r.len && b->len <= r.len - (p - lo) ? 0 : CXR_EBADPTR;
+/* A bytes field of a request, read exactly once. The request lives in the caller's heap,
+ * which the caller can keep writing while we run (--untrusted too: the skeleton's check was
+ * of what the field held then), so a field read twice can change between its check and its
+ * use: a length checked at 8 and used at 64 KiB overran the key buffer on our stack. Every
+ * handler loads each field here once and checks and uses only the copy. */
+static cxr_bytes load_bytes(const cxr_bytes *b) {
+  return (cxr_bytes){.ptr = __atomic_load_n(&b->ptr, __ATOMIC_RELAXED),
+                     .len = __atomic_load_n(&b->len, __ATOMIC_RELAXED)};
 }
 
-/* The key, checked and copied once out of shared memory before it is used. */
-static int check_key(cxr_call *call, const cxr_bytes *k, char *copy) {
-  if (k->len == 0) return CXR_EINVAL;
+/* b is a local copy (load_bytes): checking it checks what is used. */
+static int check_bytes(cxr_call *call, cxr_bytes b, size_t max) {
+  if (b.len > max) return CXR_EINVAL;
+  if (b.len == 0) return 0;
+  cxr_range r = cxr_call_arg_range(call);
+  uintptr_t p = (uintptr_t)b.ptr, lo = (uintptr_t)r.p;
+  return p >= lo && p - lo <= r.len && b.len <= r.len - (p - lo) ? 0 : CXR_EBADPTR;
+}
+
+/* The key field, loaded and checked once and its bytes copied out of shared memory before
+ * they are used; *kl is the checked length, the only one used afterwards. */
+static int take_key(cxr_call *call, const cxr_bytes *field, char copy[KV_KEY_MAX],
+                    uint32_t *kl) {
+  cxr_bytes k = load_bytes(field);
+  if (k.len == 0) return CXR_EINVAL;
   int rc = check_bytes(call, k, KV_KEY_MAX);
-  if (rc == 0) memcpy(copy, k->ptr, k->len);
-  return rc;
+  if (rc) return rc;
+  memcpy(copy, k.ptr, k.len);
+  *kl = (uint32_t)k.len;
+  return 0;
 }
 
 static void *heap_alloc(void *ctx, size_t n) { return cxr_heap_alloc(ctx, n); }
 
 static int kv_get(cxr_call *call, const kv_GetRequest *rq, kv_GetResponse **rs, void *user) {
   char key[KV_KEY_MAX];
-  int rc = check_key(call, &rq->key, key);
+  uint32_t kl;
+  int rc = take_key(call, &rq->key, key, &kl);
   if (rc) return rc;
   cxr_heap *h = cxr_call_heap(call);
   void *v;
   uint32_t vl;
-  if ((rc = store_get(user, key, (uint32_t)rq->key.len, heap_alloc, h, &v, &vl)) || v == NULL)
+  if ((rc = store_get(user, key, kl, heap_alloc, h, &v, &vl)) || v == NULL)
     return rc; /* a miss: NULL result */
   kv_GetResponse *r = kv_GetResponse_new(h);
   if (r == NULL) {
@@ -67,19 +84,24 @@ static int kv_get(cxr_call *call, const kv_GetRequest *rq, kv_GetResponse **rs, 
 
 static int kv_set(cxr_call *call, const kv_SetRequest *rq, kv_SetResponse **rs, void *user) {
   char key[KV_KEY_MAX];
-  int rc = check_key(call, &rq->key, key);
+  uint32_t kl;
+  int rc = take_key(call, &rq->key, key, &kl);
   if (rc) return rc;
-  if ((rc = check_bytes(call, &rq->value, KV_VALUE_MAX)) != 0) return rc;
+  cxr_bytes value = load_bytes(&rq->value);
+  if ((rc = check_bytes(call, value, KV_VALUE_MAX)) != 0) return rc;
   (void)rs;
-  return store_set(user, key, (uint32_t)rq->key.len, rq->value.ptr, (uint32_t)rq->value.len);
+  /* the value's bytes may still change under the copy store_set makes: the caller's own
+   * data, torn at worst, and never more than the checked length */
+  return store_set(user, key, kl, value.ptr, (uint32_t)value.len);
 }
 
 static int kv_delete(cxr_call *call, const kv_DeleteRequest *rq, kv_DeleteResponse **rs,
                      void *user) {
   char key[KV_KEY_MAX];
-  int rc = check_key(call, &rq->key, key);
+  uint32_t kl;
+  int rc = take_key(call, &rq->key, key, &kl);
   (void)rs;
-  return rc ? rc : store_del(user, key, (uint32_t)rq->key.len);
+  return rc ? rc : store_del(user, key, kl);
 }
 
 static int kv_stats_fn(cxr_call *call, const kv_StatsRequest *rq, kv_StatsResponse **rs,
