@@ -203,6 +203,31 @@ const docstore_Value *json_at(const docstore_Value *v, const char *path, size_t 
   return v;
 }
 
+bool json_count_within(const docstore_Value *v, uint64_t max, unsigned depth, uint64_t *n) {
+  if (v == NULL) return true;
+  if (*n >= max) return false;
+  ++*n;
+  uint32_t kind = CXR__LOAD(&v->kind_case);
+  if (kind == 5) {
+    const docstore_Object *o = CXR__LOAD(&v->kind.object);
+    if (o == NULL) return true;
+    if (depth == 0) return false;
+    uint64_t count = CXR__LOAD(&o->members.count);
+    const docstore_Member *m = CXR__LOAD(&o->members.items);
+    for (uint64_t i = 0; i < count; i++)
+      if (!json_count_within(CXR__LOAD(&m[i].value), max, depth - 1, n)) return false;
+  } else if (kind == 6) {
+    const docstore_Array *a = CXR__LOAD(&v->kind.array);
+    if (a == NULL) return true;
+    if (depth == 0) return false;
+    uint64_t count = CXR__LOAD(&a->items.count);
+    const docstore_Value *items = CXR__LOAD(&a->items.items);
+    for (uint64_t i = 0; i < count; i++)
+      if (!json_count_within(&items[i], max, depth - 1, n)) return false;
+  }
+  return true;
+}
+
 uint64_t json_count(const docstore_Value *v) {
   if (!v) return 0;
   uint64_t n = 1;

@@ -7,6 +7,10 @@
 
 #include "examples/docstore/docstore.cxr.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Parses a JSON text into h; NULL on a syntax error (message in err) or a full heap. */
 docstore_Value *json_parse(cxr_heap *h, const char *text, char *err, size_t errlen);
 void json_print(FILE *f, const docstore_Value *v);
@@ -14,5 +18,15 @@ void json_print(FILE *f, const docstore_Value *v);
 const docstore_Value *json_at(const docstore_Value *v, const char *path, size_t len);
 /* Values in a tree (the root included). */
 uint64_t json_count(const docstore_Value *v);
+/* The same for a tree its writer may still be changing (a request read where it lies, in
+ * the client's heap): each field read once, at most max values and depth levels below the
+ * root. Shared subtrees count once per reference, so a graph the validator saw small can
+ * stand, after the client swaps one pointer, for a tree of 2^50 values: false when a bound
+ * is reached (*n is then what was counted). */
+bool json_count_within(const docstore_Value *v, uint64_t max, unsigned depth, uint64_t *n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

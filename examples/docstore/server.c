@@ -121,7 +121,15 @@ static int on_count(cxr_call *call, const docstore_Document *rq, docstore_PutRep
   (void)user;
   docstore_PutReply *r = docstore_PutReply_new(cxr_call_heap(call));
   if (!r) return CXR_ENOMEM;
-  r->nodes = json_count(rq->root);  /* the client's tree, read where it lies */
+  /* The client's tree, read where it lies: validated, but the client can still change it
+   * (a pointer swapped after validation can make a small graph a tree of 2^50 values), so
+   * the count is bounded as validation is (its default node and depth limits). */
+  uint64_t n = 0;
+  if (!json_count_within(rq->root, 1u << 20, 64, &n)) {
+    docstore_PutReply_free(cxr_call_heap(call), r);
+    return CXR_EINVAL;
+  }
+  r->nodes = n;
   *rs = r;
   return 0;
 }
