@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rpc/client.h"
@@ -73,18 +72,9 @@ static void ctl_trim(void) {
   }
 }
 
-/* Takes ctl_lock by a connect's deadline (a cxr_now_ns() time): another thread may hold it
- * while it maps a control heap, which waits for the pod registry's lock. */
-static int ctl_lock_by(int64_t until) {
-  if (pthread_mutex_trylock(&ctl_lock) == 0) return 0;
-  int64_t left = until - cxr_now_ns();
-  struct timespec ts; /* timedlock takes a CLOCK_REALTIME time */
-  clock_gettime(CLOCK_REALTIME, &ts);
-  int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (left > 0 ? left : 0);
-  ts.tv_sec = (time_t)(at / 1000000000);
-  ts.tv_nsec = at % 1000000000;
-  return pthread_mutex_timedlock(&ctl_lock, &ts) == 0 ? 0 : CXR_ETIMEDOUT;
-}
+/* Takes ctl_lock by a connect's deadline (a cxr_now_ns() time, never 0 here): another
+ * thread may hold it while it maps a control heap, which waits for the pod registry's lock. */
+static int ctl_lock_by(int64_t until) { return cxr__mutex_lock_by(&ctl_lock, until); }
 
 static int ctl_get(const char *channel, cxr__ctl_ref **out, int64_t until) {
   char name[CXR_NAME_MAX + 1];

@@ -7,6 +7,7 @@
 #ifndef CXRPC_SHM_REG_DEADLINE_H
 #define CXRPC_SHM_REG_DEADLINE_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -16,6 +17,11 @@ extern "C" {
 /* Sets this thread's deadline (a cxr_now_ns() time; 0: none) and returns the one it
  * replaces, for the caller to put back. */
 int64_t cxr__reg_deadline_set(int64_t until_ns);
+
+/* Locks m, giving up with CXR_ETIMEDOUT at until_ns (a cxr_now_ns() time; 0: never): for
+ * mutexes another thread may hold while it waits for the registry's lock (the runtime's,
+ * rpc's channel mappings). A free mutex costs a trylock, no clock read. */
+int cxr__mutex_lock_by(pthread_mutex_t *m, int64_t until_ns);
 
 #ifdef __cplusplus
 }

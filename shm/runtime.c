@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "shm/internal.h"
+#include "shm/reg_deadline.h"
 
 #define DEFAULT_ROOT "/dev/shm/cxrpc"
 #define DEFAULT_WINDOW_BASE 0x600000000000ull
@@ -38,14 +39,16 @@ cxr_heap *cxr__heaps;
 void cxr__rt_lock(void) { pthread_mutex_lock(&rt_mu); }
 void cxr__rt_unlock(void) { pthread_mutex_unlock(&rt_mu); }
 
-int cxr__rt_lock_by(int64_t until) {
+int cxr__rt_lock_by(int64_t until) { return cxr__mutex_lock_by(&rt_mu, until); }
+
+int cxr__mutex_lock_by(pthread_mutex_t *m, int64_t until) {
   if (until == 0) {
-    pthread_mutex_lock(&rt_mu);
+    pthread_mutex_lock(m);
     return 0;
   }
-  if (pthread_mutex_trylock(&rt_mu) == 0) return 0;
+  if (pthread_mutex_trylock(m) == 0) return 0;
   int64_t left = until - cxr_now_ns();
-  return cxr__mutex_lock_within(&rt_mu, left > 0 ? left : 0) == 0 ? 0 : CXR_ETIMEDOUT;
+  return cxr__mutex_lock_within(m, left > 0 ? left : 0) == 0 ? 0 : CXR_ETIMEDOUT;
 }
 
 int cxr__mutex_lock_within(pthread_mutex_t *m, int64_t wait_ns) {

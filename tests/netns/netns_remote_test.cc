@@ -248,27 +248,29 @@ int result_heaps(pid_t pid) {
   return n;
 }
 
+// The server's result heaps once they number 1 to `most` (closes are acknowledged
+// asynchronously, so on a loaded machine the last ones may still be in flight): waits up
+// to 10 s instead of sampling once; the last count read.
+int settled_result_heaps(pid_t pid, int most) {
+  int h = -1;
+  for (int i = 0; i < 200; i++) {
+    h = result_heaps(pid);
+    if (h >= 1 && h <= most) break;
+    usleep(50000);
+  }
+  return h;
+}
+
 TEST_F(NetnsRemote, RepeatedConnectsReuseHeapsAndLeakNothing) {
   cxrt::Proc s, a;
   ASSERT_TRUE(server_and_racks(s, a));
   EXPECT_EQ(ask(a, "cycles 100", 120000), "ok");
   // Connections come and go; the server keeps at most its spare heaps (8) beyond live ones.
-  // Closes are acknowledged asynchronously, so on a loaded machine the last ones may still
-  // be in flight: wait (bounded) for the count to settle instead of sampling it once.
-  auto settled = [&] {
-    int h = -1;
-    for (int i = 0; i < 200; i++) {  // up to 10 s
-      h = result_heaps(s.pid);
-      if (h >= 1 && h <= 9) break;
-      usleep(50000);
-    }
-    return h;
-  };
-  int heaps = settled();
+  int heaps = settled_result_heaps(s.pid, 9);
   EXPECT_GE(heaps, 1);
   EXPECT_LE(heaps, 9);
   EXPECT_EQ(ask(a, "cycles 100", 120000), "ok");
-  EXPECT_LE(settled(), 9);
+  EXPECT_LE(settled_result_heaps(s.pid, 9), 9);
   EXPECT_EQ(a.stop(), 0);
   EXPECT_EQ(s.stop(), 0);
 }
@@ -291,14 +293,8 @@ TEST_F(NetnsRemote, ConnectsThatGiveUpAfterTheirOpenLeaveNothingOnTheServer) {
     total += gave_up;
   }
   EXPECT_GT(total, 0) << "no connect gave up: the case tested nothing";
-  int h = -1;
-  for (int i = 0; i < 100; i++) {  // closes are handled asynchronously: up to 5 s
-    h = result_heaps(s.pid);
-    if (h >= 1 && h <= 10) break;
-    usleep(50000);
-  }
   // The live connection's heap and at most 8 spares (and one in transit).
-  EXPECT_LE(h, 10) << total << " connects gave up";
+  EXPECT_LE(settled_result_heaps(s.pid, 10), 10) << total << " connects gave up";
   EXPECT_EQ(ask(a, "noop 2000"), "ok");
   // A new connection's heap lands where the abandoned ones' did: had the server kept one,
   // it would refuse that range (CXR_EADDRINUSE), which is how the leak first showed.
