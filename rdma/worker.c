@@ -85,17 +85,16 @@ rdma_op *cxr__op_new(void) {
 }
 
 /* Frees an op and what it owns. */
-static void op_free(rdma_op *op) {
-  free(op->hdr_copy);
-  if (op->owned_free) op->owned_free(op->owned);
-  else free(op->owned);
-  free(op);
-}
-
-/* What a send that never reached UCX hands back. */
+/* A buffer handed over with a send (an op's, or one that never reached UCX) goes. */
 static void owned_drop(void *owned, void (*owned_free)(void *)) {
   if (owned_free) owned_free(owned);
   else free(owned);
+}
+
+static void op_free(rdma_op *op) {
+  free(op->hdr_copy);
+  owned_drop(op->owned, op->owned_free);
+  free(op);
 }
 
 void cxr__op_release(rdma_op *op) {
@@ -277,11 +276,15 @@ static void drop_messages(cxr_rdma *r) {
 enum { MSG_OVERHEAD = 256 };
 
 /* Gives back what an admitted message counted in r->queued (see msg_admit). */
+static void queue_uncharge(cxr_rdma *r, size_t charge) {
+  pthread_mutex_lock(&r->lock);
+  r->queued -= charge;
+  pthread_mutex_unlock(&r->lock);
+}
+
 static void msg_uncharge(cxr_rdma *r, cxr_rdma_msg *m) {
   if (m->charge == 0) return;
-  pthread_mutex_lock(&r->lock);
-  r->queued -= m->charge;
-  pthread_mutex_unlock(&r->lock);
+  queue_uncharge(r, m->charge);
   m->charge = 0;
 }
 
@@ -378,9 +381,7 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   if (charge == 0) return rndv ? refused : UCS_OK;
   cxr_rdma_msg *m = calloc(1, sizeof *m);
   if (m == NULL) {
-    pthread_mutex_lock(&r->lock);
-    r->queued -= charge;
-    pthread_mutex_unlock(&r->lock);
+    queue_uncharge(r, charge);
     return rndv ? UCS_ERR_NO_MEMORY : UCS_OK;
   }
   m->r = r;
