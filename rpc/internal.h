@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shm/sync.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -150,9 +152,7 @@ bool cxr__ring_busy(const cxr__rview *v);
 
 /* ---- the waiting toolkit (wait.c) ---- */
 
-/* FUTEX_WAIT on a shared word while *w == val, at most timeout_ns (<= 0: no wait). */
-void cxr__futex_wait(uint32_t *w, uint32_t val, int64_t timeout_ns);
-void cxr__futex_wake(uint32_t *w, int n);
+/* cxr__futex_wait and cxr__futex_wake are in shm/sync.h. */
 /* After publishing work: wake sleepers of (futex, sleepers) only if there are any. */
 void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers);
 /* The same right after cxr__ring_push: the push's seq_cst CAS on the tail orders it, so a

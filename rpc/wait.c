@@ -6,7 +6,6 @@
  * futex value changes, so FUTEX_WAIT returns at once. A busy peer never pays a syscall. */
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,14 +14,6 @@
 #include <unistd.h>
 
 #include "rpc/internal.h"
-
-void cxr__futex_wait(uint32_t *w, uint32_t val, int64_t timeout_ns) {
-  if (timeout_ns <= 0) return;
-  struct timespec ts = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
-  syscall(SYS_futex, w, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-void cxr__futex_wake(uint32_t *w, int n) { syscall(SYS_futex, w, FUTEX_WAKE, n, NULL, NULL, 0); }
 
 void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers) {
   /* A read-modify-write of the sleepers word (not a fence, which TSan cannot model) orders

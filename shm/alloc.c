@@ -8,15 +8,15 @@
  *   ALLOC), the class, the owner's holder slot and that slot's tenancy generation.
  * - Per-thread caches are process-local arrays of block pointers per class (no shared
  *   writes on the fast path except the block's own tag). They refill and flush in batches
- *   from per-class central lists under the heap's robust mutex. A cached block is tagged
+ *   from per-class central lists under the heap's lock. A cached block is tagged
  *   CACHED with its owner, so a dead process's caches are found by scanning tags: they need
  *   not live in shared memory.
  * - Larger requests and cxr_heap_alloc_pages take page runs: first fit over a list of free
  *   runs, coalesced on free with boundary tags in the page map. No in-band header, so
  *   page allocations are pure pages that can be sealed (mprotect).
- * - Under the mutex every change commits with one final 8-byte store; when a lock holder
- *   dies (EOWNERDEAD) or a holder is reaped, cxr__heap_rebuild recomputes free runs and
- *   central lists from page-map heads and tags. Tag transitions that can race with a
+ * - Under the lock every change commits with one final 8-byte store; when a lock holder
+ *   dies (its lock taken over) or a holder is reaped, cxr__heap_rebuild recomputes free
+ *   runs and central lists from page-map heads and tags. Tag transitions that can race with a
  *   reclaim (a live process freeing a block a dead one owned) use compare-and-swap.
  */
 #include <errno.h>

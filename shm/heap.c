@@ -4,7 +4,7 @@
  * create / open / close / unlink, and the accessors. Leases are in lease.c, removal of
  * heaps nobody holds in sweep.c.
  *
- * Lock order: runtime mutex -> registry flock -> heap mutex.
+ * Lock order: runtime mutex -> registry flock -> heap lock.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -173,12 +173,7 @@ static void format(cxr__hdr *hdr, const char *name, uint64_t size, uint64_t addr
   hdr->flags = flags;
   hdr->owner_pid = (int32_t)getpid();
   cxr__geometry(size, &hdr->map_off, &hdr->data_off, &hdr->npages);
-  pthread_mutexattr_t a;
-  pthread_mutexattr_init(&a);
-  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(&hdr->lock, &a);
-  pthread_mutexattr_destroy(&a);
+  /* The lock is all zero (unlocked) after the memset. */
   cxr__geo g;
   cxr__geo_init(&g, hdr, hdr); /* not shared yet: its own fields are trusted */
   cxr__heap_format(&g);

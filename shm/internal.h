@@ -64,14 +64,15 @@ void cxr__rt_unlock(void);
  * another thread may hold the mutex while it waits for the registry's lock. */
 int cxr__rt_lock_by(int64_t until);
 uint64_t cxr__rt_next_serial(void);
+/* This process as a heap lock's holder (cxr__plock_id of its pid and start time), read from
+ * /proc once per process and again in a fork's child; 0 if /proc cannot tell. */
+uint64_t cxr__rt_lock_id(void);
 /* Maps fd at addr inside the reserved window (libpmem2, MAP_FIXED over our own reservation
  * after checking that nothing else sits there). */
 int cxr__rt_map(int fd, uintptr_t addr, size_t size, struct pmem2_map **out);
 void cxr__rt_unmap(struct pmem2_map **pm);
 bool cxr__rt_in_window(uint64_t addr, uint64_t size);
 int64_t cxr__realtime_ns(void);
-/* pthread_mutex_timedlock for at most wait_ns from now: 0 or its error (ETIMEDOUT, ...). */
-int cxr__mutex_lock_within(pthread_mutex_t *m, int64_t wait_ns);
 int64_t cxr__lease_ns(void);   /* CXRPC_LEASE_MS, default 10 s */
 /* Process-local lists (under cxr__rt_lock). */
 extern cxr__map *cxr__maps;

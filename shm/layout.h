@@ -1,7 +1,7 @@
 /*
  * Private: the on-file layout of a heap, shared by every process that maps it.
  *
- *   [header pages: struct cxr__hdr with the robust mutex, holder slots, central lists]
+ *   [header pages: struct cxr__hdr with the holders' lock, holder slots, central lists]
  *   [page map: one struct cxr__pme (16 bytes) per data page]
  *   [data pages]
  *
@@ -9,7 +9,7 @@
  * pointers, so that a tool can read a heap mapped at any address (cxrpcctl) and a
  * corrupted offset is checked before use.
  *
- * Crash-consistency rule: under the heap mutex, every change commits with one final
+ * Crash-consistency rule: under the heap lock, every change commits with one final
  * 8-byte store (the page-map head word, or a block's tag word). The only structures
  * that may be half-updated when a holder dies are the central lists and the free-run
  * list; they are rebuilt from page-map heads and block tags (cxr__heap_rebuild).
@@ -17,7 +17,6 @@
 #ifndef CXRPC_SHM_LAYOUT_H
 #define CXRPC_SHM_LAYOUT_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 /* C++ (white-box tests) sees the same layout through std::atomic. */
@@ -31,8 +30,10 @@
 
 #include <cxrpc/base.h>
 
+#include "shm/sync.h"
+
 #define CXR_HEAP_MAGIC 0x0050414548525843ull /* "CXRHEAP\0" little-endian */
-#define CXR_HEAP_VERSION 1u
+#define CXR_HEAP_VERSION 2u /* 2: cxr__plock instead of a robust pthread mutex */
 #define CXR_PAGE 4096u
 #define CXR_SLAB_PAGES 16u       /* a slab is a 64 KiB run of blocks of one class */
 #define CXR_NCLASS 32u
@@ -116,7 +117,7 @@ typedef struct cxr__hdr {
   uint64_t map_off;           /* offset of the page map */
   uint64_t data_off;          /* offset of the first data page */
 
-  pthread_mutex_t lock;       /* PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST */
+  cxr__plock lock;            /* the holders' lock (shm/sync.h); all zero is unlocked */
   CXR_ATOMIC(uint64_t) root_off;  /* cxr_heap_set_root; 0 = NULL */
   uint32_t slot_gen_next;
   uint32_t free_runs;         /* first free run (page + 1), 0 = none */

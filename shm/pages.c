@@ -1,6 +1,6 @@
 /*
  * The heap's shared page structures: page runs (first fit, boundary-tag coalescing), the
- * robust heap lock, and the rebuild that recomputes every free list from page-map heads and
+ * heap lock (over shm/sync.h), and the rebuild that recomputes every free list from page-map heads and
  * block tags after a crash or when holders are reaped (see alloc.c and docs/shm.md).
  */
 #include <errno.h>
@@ -167,11 +167,16 @@ _Thread_local int cxr__lock_reaped;
 #define LOCK_WAIT_STUCK_NS 10000000ll
 
 int cxr__heap_lock(cxr_heap *h) {
-  int rc = pthread_mutex_trylock(&h->hdr->lock); /* no clock read when it is free */
-  if (rc == EBUSY) {
+  uint64_t me = cxr__rt_lock_id();
+  if (me == 0) {
+    CXR_ERR("heap %s: cannot read this process's identity from /proc", h->hdr->name);
+    return CXR_EIO;
+  }
+  int rc = cxr__plock_try(&h->hdr->lock, me); /* no clock read when it is free */
+  if (rc == CXR_EBUSY) {
     bool stuck = __atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED);
-    rc = cxr__mutex_lock_within(&h->hdr->lock, stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS);
-    if (rc == ETIMEDOUT) {
+    rc = cxr__plock_lock(&h->hdr->lock, me, stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS);
+    if (rc == CXR_ETIMEDOUT) {
       if (!stuck)
         CXR_ERR("heap %s: its lock was not released within %lld s (a holder is stopped, or "
                 "the word was overwritten); its allocations fail until it is", h->hdr->name,
@@ -181,22 +186,18 @@ int cxr__heap_lock(cxr_heap *h) {
     }
   }
   /* Written only when set: every thread of the process locks through this handle. */
-  if ((rc == 0 || rc == EOWNERDEAD) && __atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED))
+  if (__atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED))
     __atomic_store_n(&h->lock_stuck, 0, __ATOMIC_RELAXED);
-  if (rc == 0) return 0;
-  if (rc == EOWNERDEAD) {
+  if (rc == CXR_PLOCK_TAKEN_OVER) {
     /* A holder died inside an allocator operation: lists may be half-updated. */
     CXR_WARN("heap %s: a lock holder died; rebuilding free lists", h->hdr->name);
     cxr__heap_rebuild(&h->g, NULL);
     cxr__lock_reaped += cxr__heap_reap_locked(h);
-    pthread_mutex_consistent(&h->hdr->lock);
-    return 0;
   }
-  CXR_ERR("heap %s: lock failed: %d", h->hdr->name, rc);
-  return rc == ENOTRECOVERABLE ? CXR_ECORRUPT : CXR_EIO;
+  return 0;
 }
 
-void cxr__heap_unlock(cxr_heap *h) { pthread_mutex_unlock(&h->hdr->lock); }
+void cxr__heap_unlock(cxr_heap *h) { cxr__plock_unlock(&h->hdr->lock, cxr__rt_lock_id()); }
 
 /* A rebuild logs the first few damaged entries it finds and then how many more, and at most
  * one rebuild a second logs them at all: a holder that keeps scribbling over a heap (any

@@ -41,6 +41,13 @@ void cxr__rt_unlock(void) { pthread_mutex_unlock(&rt_mu); }
 
 int cxr__rt_lock_by(int64_t until) { return cxr__mutex_lock_by(&rt_mu, until); }
 
+/* pthread_mutex_timedlock for at most wait_ns from now: 0 or its error (ETIMEDOUT, ...). */
+static int mutex_lock_within(pthread_mutex_t *m, int64_t wait_ns) {
+  int64_t at = cxr__realtime_ns() + wait_ns; /* pthread_mutex_timedlock's clock */
+  struct timespec ts = {.tv_sec = (time_t)(at / 1000000000), .tv_nsec = at % 1000000000};
+  return pthread_mutex_timedlock(m, &ts);
+}
+
 int cxr__mutex_lock_by(pthread_mutex_t *m, int64_t until) {
   if (until == 0) {
     pthread_mutex_lock(m);
@@ -48,14 +55,23 @@ int cxr__mutex_lock_by(pthread_mutex_t *m, int64_t until) {
   }
   if (pthread_mutex_trylock(m) == 0) return 0;
   int64_t left = until - cxr_now_ns();
-  return cxr__mutex_lock_within(m, left > 0 ? left : 0) == 0 ? 0 : CXR_ETIMEDOUT;
+  return mutex_lock_within(m, left > 0 ? left : 0) == 0 ? 0 : CXR_ETIMEDOUT;
 }
 
-int cxr__mutex_lock_within(pthread_mutex_t *m, int64_t wait_ns) {
-  int64_t at = cxr__realtime_ns() + wait_ns; /* pthread_mutex_timedlock's clock */
-  struct timespec ts = {.tv_sec = (time_t)(at / 1000000000), .tv_nsec = at % 1000000000};
-  return pthread_mutex_timedlock(m, &ts);
+uint64_t cxr__rt_lock_id(void) {
+  static _Atomic uint64_t id;
+  static _Atomic unsigned id_epoch; /* the fork epoch id was read in; 0: not yet */
+  unsigned e = atomic_load_explicit(&cxr__fork_epoch, memory_order_relaxed);
+  if (atomic_load_explicit(&id_epoch, memory_order_acquire) == e)
+    return atomic_load_explicit(&id, memory_order_relaxed);
+  cxr__proc_id me;
+  if (cxr__proc_self_id(&me) != 0) return 0;
+  uint64_t v = cxr__plock_id(me.pid, me.start_time);
+  atomic_store_explicit(&id, v, memory_order_relaxed);
+  atomic_store_explicit(&id_epoch, e, memory_order_release);
+  return v;
 }
+
 uint64_t cxr__rt_next_serial(void) { return atomic_fetch_add(&rt_serial, 1) + 1; }
 
 int64_t cxr__realtime_ns(void) {

@@ -16,6 +16,8 @@
 #include <cxrpc/shm.h>
 
 #include "shm/layout.h"
+#include "shm/proc.h"
+#include "shm/sync.h"
 #include "tests/shm/util.h"
 
 using namespace shmtest;
@@ -476,26 +478,88 @@ TEST(Lease, HolderOnAnotherHostIsDeadWhenItsLeaseExpires) {
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
 
-TEST(Errors, AFreeThatCannotTakeTheHeapLockSaysWhy) {
-  // A holder died with the heap's lock and the next one left it unrecoverable (what a
-  // process without our EOWNERDEAD handling does): a free of a page run cannot proceed and
-  // says so in cxr_last_error, instead of returning with a stale code.
-  std::string name = uniq("unrecoverable");
+// The heap lock's word naming this process, as a holder writes it (shm/sync.h).
+static uint64_t self_lock_word() {
+  cxr__proc_id me;
+  if (cxr__proc_self_id(&me) != 0) return 0;
+  return cxr__plock_id(me.pid, me.start_time);
+}
+
+TEST(Errors, AFreeThatCannotTakeTheHeapLockSaysWhyAndADeadHoldersLockIsTakenOver) {
+  // Another process holds the heap's lock and does not let it go: a free of a page run
+  // cannot proceed and says so in cxr_last_error, instead of returning with a stale code.
+  // Once that holder is killed, the next free takes the lock over and works.
+  std::string name = uniq("heldlock");
   cxr_heap *h = nullptr;
   ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 4 << 20, nullptr), 0);
   void *run = cxr_heap_alloc(h, 64 << 10);
   ASSERT_NE(run, nullptr);
   cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
-  pid_t pid = spawn([&]() -> int { return pthread_mutex_lock(&hdr->lock) == 0 ? 0 : 10; });
-  ASSERT_EQ(wait_child(pid), 0);
-  ASSERT_EQ(pthread_mutex_lock(&hdr->lock), EOWNERDEAD);
-  ASSERT_EQ(pthread_mutex_unlock(&hdr->lock), 0);  // not made consistent: unrecoverable
-  cxr_heap_free(h, (char *)run + 1);                // a different code first
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t holder = spawn([&]() -> int {
+    uint64_t me = self_lock_word();
+    if (me == 0 || cxr__plock_lock(&hdr->lock, me, 5000000000ll) != 0) return 10;
+    if (write(ready[1], "h", 1) != 1) return 11;
+    pause();  // until killed, the lock held
+    return 12;
+  });
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  cxr_heap_free(h, (char *)run + 1);  // a different code first
   ASSERT_EQ(cxr_last_error(), CXR_EBADPTR);
   cxr_heap_free(h, run);
-  EXPECT_EQ(cxr_last_error(), CXR_ECORRUPT);
+  EXPECT_EQ(cxr_last_error(), CXR_ETIMEDOUT);
+  kill(holder, SIGKILL);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+  cxr_heap_free(h, run);  // the run comes back: nothing is in use
+  EXPECT_EQ(__atomic_load_n(&hdr->lock.word, __ATOMIC_SEQ_CST), 0u);
+  cxr_heap_stats st;
+  ASSERT_EQ(cxr_heap_stats(h, &st), 0);
+  EXPECT_EQ(st.used, 0u);
+  for (int fd : ready) close(fd);
   cxr_heap_close(h);
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
+}
+
+TEST(Errors, AnUnlockWritesNothingAPeerPointedItAt) {
+  // Any holder can write the heap's lock while another process holds it. With a glibc
+  // robust mutex there, the unlock followed the list links kept in the mutex and stored
+  // through them (a peer that pointed them at the holder's memory chose what it wrote
+  // where). This lock's unlock writes only its own word, and leaves a word it does not
+  // recognise to the next locker, which takes it over.
+  std::string name = uniq("lockbytes");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(create_self_removing(&h, name, 4 << 20), 0);
+  cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
+  void *kept = cxr_heap_alloc(h, 1 << 20);
+  ASSERT_NE(kept, nullptr);
+  memset(kept, 0x5a, 1 << 20);
+  static uint64_t canary[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  uint64_t me = self_lock_word();
+  ASSERT_NE(me, 0u);
+  ASSERT_EQ(cxr__plock_lock(&hdr->lock, me, 1000000000ll), 0);
+  uint64_t *bytes = reinterpret_cast<uint64_t *>(&hdr->lock);
+  for (size_t i = 0; i < sizeof hdr->lock / sizeof(uint64_t); i++)
+    bytes[i] = reinterpret_cast<uintptr_t>(canary);
+  cxr__plock_unlock(&hdr->lock, me);
+  for (int i = 0; i < 8; i++) EXPECT_EQ(canary[i], (uint64_t)i + 1);
+  EXPECT_EQ(bytes[0], reinterpret_cast<uintptr_t>(canary));  // not ours: left as written
+  // A word no process could have written (pid beyond the kernel's limit): the next
+  // allocation that needs the lock takes it over, repairs, and goes on.
+  __atomic_store_n(&hdr->lock.word, CXR_PLOCK_PID_MASK, __ATOMIC_SEQ_CST);
+  int64_t t0 = cxr_now_ns();
+  void *b = cxr_heap_alloc(h, 1 << 20);
+  EXPECT_NE(b, nullptr);
+  EXPECT_LT(cxr_now_ns() - t0, 1000000000);  // not the 2 s a live holder gets
+  EXPECT_EQ(__atomic_load_n(&hdr->lock.word, __ATOMIC_SEQ_CST), 0u);
+  EXPECT_EQ(static_cast<unsigned char *>(kept)[(1 << 20) - 1], 0x5a);
+  cxr_heap_free(h, b);
+  cxr_heap_free(h, kept);
+  cxr_heap_stats st;
+  ASSERT_EQ(cxr_heap_stats(h, &st), 0);
+  EXPECT_EQ(st.used, 0u);
+  cxr_heap_close(h);
 }
 
 // The page-map entry of the page run at p, as a peer that maps the heap sees it.
@@ -533,16 +597,18 @@ TEST(Errors, ARunLengthRewrittenWhileAFreeWaitsForTheLockIsNotFollowed) {
   char c;
   ASSERT_EQ(read(ready[0], &c, 1), 1);
   pid_t hostile = spawn([&]() -> int {
-    if (pthread_mutex_lock(&hdr->lock) != 0) return 20;
+    uint64_t me = self_lock_word();
+    if (me == 0 || cxr__plock_lock(&hdr->lock, me, 5000000000ll) != 0) return 20;
     if (write(ready[1], "h", 1) != 1) return 21;
-    // glibc sets FUTEX_WAITERS in the lock word once another thread blocks on it.
-    unsigned *word = reinterpret_cast<unsigned *>(&hdr->lock);
-    for (int ms = 0; !(__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x80000000u); ms++) {
+    // A waiter sets the waiters bit in the lock word before it sleeps.
+    for (int ms = 0; !(__atomic_load_n(&hdr->lock.word, __ATOMIC_SEQ_CST) & CXR_PLOCK_WAITERS);
+         ms++) {
       if (ms > 1500) return 22;  // the victim waits 2 s at most
       usleep(1000);
     }
     head->w0.store(cxr__pm_w0(CXR_PM_LARGE, 0, cxr__pm_slot(w0), 0x7ffffff0u));
-    return pthread_mutex_unlock(&hdr->lock) == 0 ? 0 : 23;
+    cxr__plock_unlock(&hdr->lock, me);
+    return 0;
   });
   ASSERT_EQ(read(ready[0], &c, 1), 1);
   ASSERT_EQ(write(go[1], "g", 1), 1);

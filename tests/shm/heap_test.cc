@@ -13,6 +13,7 @@
 #include <cxrpc/shm.h>
 
 #include "shm/layout.h" /* where the lock word is, to overwrite it as a peer could */
+#include "shm/proc.h"
 #include "tests/shm/util.h"
 
 using namespace shmtest;
@@ -352,6 +353,13 @@ TEST(Heap, ThreadsInOneProcess) {
   EXPECT_TRUE(list_dir(g_root).empty());
 }
 
+// A heap lock word "held" by a process that lives (this one: no thread of it holds the lock)
+// and never unlocks. (A word naming no live process is taken over: errors_test.)
+static uint64_t live_holder_word() {
+  cxr__proc_id me;
+  return cxr__proc_self_id(&me) == 0 ? cxr__plock_id(me.pid, me.start_time) : 0;
+}
+
 TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
   // Any process that maps a heap can write its lock word (a connection heap's client can):
   // one naming a holder that never unlocks. Allocations that take the lock fail with
@@ -363,19 +371,20 @@ TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
   void *a = cxr_heap_alloc(h, 1 << 20);  // a large block: always under the lock
   ASSERT_NE(a, nullptr);
   cxr_heap_free(h, a);
-  int *word = reinterpret_cast<int *>(static_cast<char *>(cxr_heap_base(h)) +
-                                      offsetof(cxr__hdr, lock));  // glibc: the futex word first
-  ASSERT_EQ(__atomic_load_n(word, __ATOMIC_SEQ_CST), 0);
-  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);  // "held" by a thread that never unlocks
+  uint64_t *word = &static_cast<cxr__hdr *>(cxr_heap_base(h))->lock.word;
+  ASSERT_EQ(__atomic_load_n(word, __ATOMIC_SEQ_CST), 0u);
+  const uint64_t held = live_holder_word();
+  ASSERT_NE(held, 0u);
+  __atomic_store_n(word, held, __ATOMIC_SEQ_CST);
   EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);
   EXPECT_EQ(cxr_last_error(), CXR_ETIMEDOUT);
   EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);  // now after a short wait
   EXPECT_EQ(cxr_last_error(), CXR_ETIMEDOUT);
-  __atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
   void *b = cxr_heap_alloc(h, 1 << 20);
   EXPECT_NE(b, nullptr);
   cxr_heap_free(h, b);
-  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);
+  __atomic_store_n(word, held, __ATOMIC_SEQ_CST);
   // The lock was had again, so the handle waits the full bound again (not the brief one).
   int64_t t0 = cxr_now_ns();
   EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);
@@ -396,10 +405,10 @@ TEST(Heap, ACloseThatCannotTakeTheLockStillLetsTheHeapGo) {
   void *peer = mmap(nullptr, sizeof(cxr__hdr), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   ASSERT_NE(peer, MAP_FAILED);  // the header as another process maps it
-  int *word = reinterpret_cast<int *>(static_cast<char *>(peer) + offsetof(cxr__hdr, lock));
-  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);  // "held" by a thread that never unlocks
-  cxr_heap_close(h);                                   // gives up on the lock after 2 s
-  __atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+  uint64_t *word = &static_cast<cxr__hdr *>(peer)->lock.word;
+  __atomic_store_n(word, live_holder_word(), __ATOMIC_SEQ_CST);  // never unlocked
+  cxr_heap_close(h);  // gives up on the lock after 2 s
+  __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
   munmap(peer, sizeof(cxr__hdr));
   cxr_heap_info info[64];
   size_t n = 0;
@@ -415,11 +424,10 @@ TEST(Heap, ACloseThatCannotTakeTheLockStillLetsTheHeapGo) {
   ASSERT_EQ(cxr_heap_open(&h2, kept.c_str()), 0);
   void *p = cxr_heap_alloc(h, 64);
   ASSERT_NE(p, nullptr);
-  word = reinterpret_cast<int *>(static_cast<char *>(cxr_heap_base(h)) +
-                                 offsetof(cxr__hdr, lock));
-  __atomic_store_n(word, 0x7ffff, __ATOMIC_SEQ_CST);
+  word = &static_cast<cxr__hdr *>(cxr_heap_base(h))->lock.word;
+  __atomic_store_n(word, live_holder_word(), __ATOMIC_SEQ_CST);
   cxr_heap_close(h);
-  __atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
   EXPECT_EQ(cxr_heap_reap(h2), 1);
   cxr_heap_stats st;
   ASSERT_EQ(cxr_heap_stats(h2, &st), 0);
