@@ -1,7 +1,8 @@
 /*
  * The heap's shared page structures: page runs (first fit, boundary-tag coalescing), the
- * heap lock (over shm/sync.h), and the rebuild that recomputes every free list from page-map heads and
- * block tags after a crash or when holders are reaped (see alloc.c and docs/shm.md).
+ * heap lock (over shm/sync.h), and the rebuild that recomputes every free list from
+ * page-map heads and block tags after a crash or when holders are reaped (see alloc.c and
+ * docs/shm.md).
  */
 #include <errno.h>
 #include <pthread.h>
