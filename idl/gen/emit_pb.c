@@ -20,14 +20,16 @@ static void to_value(gen_buf *c, const gm_field *f, const char *p, const char *x
     case GK_BYTES:
       gb_printf(c, "%sif ((rc = cxr__pb_bytes(&%s, %s))) return rc;\n", ind, p, x);
       break;
-    case GK_MESSAGE:
-      gb_printf(c, "%sif (%s) {\n", ind, x);
-      gb_printf(c, "%s  if (!(%s = (%s *)cxr__pb_new(&%s))) return CXR_ENOMEM;\n", ind, p,
+    case GK_MESSAGE: /* the pointer read once: tested and followed as the same value */
+      gb_printf(c, "%s{\n%s  const %s *src_msg = CXR__LOAD(&%s);\n", ind, ind, f->msg->cname, x);
+      gb_printf(c, "%s  if (src_msg) {\n", ind);
+      gb_printf(c, "%s    if (!(%s = (%s *)cxr__pb_new(&%s))) return CXR_ENOMEM;\n", ind, p,
                 f->msg->pbtype, f->msg->pbdesc);
-      gb_printf(c, "%s  if ((rc = %s__tpb(%s, %s, depth + 1))) return rc;\n%s}", ind,
-                f->msg->cname, x, p, ind);
-      if (f->required) gb_printf(c, " else {\n%s  return CXR_EINVAL; /* required */\n%s}", ind, ind);
-      gb_printf(c, "\n");
+      gb_printf(c, "%s    if ((rc = %s__tpb(src_msg, %s, depth + 1))) return rc;\n%s  }", ind,
+                f->msg->cname, p, ind);
+      if (f->required)
+        gb_printf(c, " else {\n%s    return CXR_EINVAL; /* required */\n%s  }", ind, ind);
+      gb_printf(c, "\n%s}\n", ind);
       break;
     default:
       gb_printf(c, "%s%s = %s;\n", ind, p, x);
@@ -68,25 +70,30 @@ static void to_field(gen_buf *c, const gm_field *f, const char *cx, const char *
   char p[512], x[512];
   const char *pn = f->pbname;
   if (f->repeated) {
-    gb_printf(c, "%sif (m->%s.count) {\n", ind, f->cname);
-    gb_printf(c, "%s  pb->%s = (__typeof__(pb->%s))calloc(m->%s.count, sizeof *pb->%s);\n", ind,
-              pn, pn, f->cname, pn);
-    gb_printf(c, "%s  if (!pb->%s) return CXR_ENOMEM;\n%s  pb->n_%s = m->%s.count;\n", ind, pn,
-              ind, pn, f->cname);
-    gb_printf(c, "%s  for (uint64_t i = 0; i < m->%s.count; i++) {\n", ind, f->cname);
+    /* The count and the items pointer read once (a writer of unsealed shared memory may
+     * change them meanwhile): the array is allocated, counted and filled by the same count. */
+    gb_printf(c, "%s{\n%s  __typeof__(&m->%s.items[0]) src_items = CXR__LOAD(&m->%s.items);\n",
+              ind, ind, f->cname, f->cname);
+    gb_printf(c, "%s  uint64_t src_count = CXR__LOAD(&m->%s.count);\n", ind, f->cname);
+    gb_printf(c, "%s  if (src_count) {\n%s    if (!src_items) return CXR_EPROTO;\n", ind, ind);
+    gb_printf(c, "%s    pb->%s = (__typeof__(pb->%s))calloc(src_count, sizeof *pb->%s);\n", ind,
+              pn, pn, pn);
+    gb_printf(c, "%s    if (!pb->%s) return CXR_ENOMEM;\n%s    pb->n_%s = src_count;\n", ind, pn,
+              ind, pn);
+    gb_printf(c, "%s    for (uint64_t i = 0; i < src_count; i++) {\n", ind);
     snprintf(p, sizeof p, "pb->%s[i]", pn);
     if (f->kind == GK_MESSAGE) {
-      gb_printf(c, "%s    if (!(%s = (%s *)cxr__pb_new(&%s))) return CXR_ENOMEM;\n", ind, p,
+      gb_printf(c, "%s      if (!(%s = (%s *)cxr__pb_new(&%s))) return CXR_ENOMEM;\n", ind, p,
                 f->msg->pbtype, f->msg->pbdesc);
-      gb_printf(c, "%s    if ((rc = %s__tpb(&m->%s.items[i], %s, depth + 1))) return rc;\n", ind,
-                f->msg->cname, f->cname, p);
+      gb_printf(c, "%s      if ((rc = %s__tpb(&src_items[i], %s, depth + 1))) return rc;\n", ind,
+                f->msg->cname, p);
     } else {
-      snprintf(x, sizeof x, "m->%s.items[i]", f->cname);
+      snprintf(x, sizeof x, "src_items[i]");
       char ind2[64];
-      snprintf(ind2, sizeof ind2, "%s    ", ind);
+      snprintf(ind2, sizeof ind2, "%s      ", ind);
       to_value(c, f, p, x, ind2);
     }
-    gb_printf(c, "%s  }\n%s}\n", ind, ind);
+    gb_printf(c, "%s    }\n%s  }\n%s}\n", ind, ind, ind);
     return;
   }
   snprintf(p, sizeof p, "pb->%s", pn);
@@ -159,7 +166,7 @@ static void emit_tpb(gen_buf *c, const gm_msg *g) {
     to_field(c, f, x, "  ");
   }
   for (size_t o = 0; o < g->noneofs; o++) {
-    gb_printf(c, "  switch (m->%s_case) {\n", g->oneofs[o].cname);
+    gb_printf(c, "  switch (CXR__LOAD(&m->%s_case)) { /* read once */\n", g->oneofs[o].cname);
     for (size_t i = 0; i < g->nfields; i++) {
       const gm_field *f = &g->fields[i];
       if (f->oneof != (int)o) continue;

@@ -1,6 +1,6 @@
 // Generated code against a peer that does not play by the rules after its graph was
-// accepted: a source it rewrites while _copy reads it (unsealed shared memory), and a
-// graph that faults the validator inside cxr_sandbox_run (untrusted channels).
+// accepted: a source it rewrites while _copy or _to_pb reads it (unsealed shared memory),
+// and a graph that faults the validator inside cxr_sandbox_run (untrusted channels).
 #include <gtest/gtest.h>
 
 #include "tests/root.h"
@@ -56,66 +56,87 @@ class Hostile : public ::testing::Test {
   cxr_heap *src = nullptr, *dst = nullptr;
 };
 
+const uint64_t kLong = 64, kShort = 1;
+
+// A source with two repeated fields of kLong items (each leaf with a label) and its oneof on
+// c_leaf (52).
+Ev *racing_source(cxr_heap *src) {
+  Ev *s = cxrtest_Everything_new(src);
+  if (s == nullptr || cxr_str_setz(src, &s->name, "hostile") != 0) return nullptr;
+  s->must = cxrtest_Leaf_new(src);
+  if (!CXR_VEC_ALLOC(src, s->r_int64, kLong) || !CXR_VEC_ALLOC(src, s->r_leaf, kLong))
+    return nullptr;
+  for (uint64_t i = 0; i < kLong; i++) {
+    s->r_leaf.items[i].has_label = true;  // each element's copy allocates its label
+    if (cxr_str_setz(src, &s->r_leaf.items[i].label, "label") != 0) return nullptr;
+  }
+  s->choice_case = 52;
+  s->choice.c_leaf = cxrtest_Leaf_new(src);
+  return s->must && s->choice.c_leaf ? s : nullptr;
+}
+
+// The peer: flips both counts between kLong and kShort and the case between c_leaf (52) and
+// c_int (50, whose bytes are the low half of the c_leaf pointer), as fast as it can, until
+// destroyed. `flips` tells which conversions it ran during: on a loaded machine the two
+// threads may share one CPU for long stretches.
+class Rewriter {
+ public:
+  explicit Rewriter(Ev *s)
+      : t_([this, s] {
+          for (uint64_t k = 0; !stop_.load(std::memory_order_relaxed); k++) {
+            uint64_t n = k & 1 ? kShort : kLong;
+            __atomic_store_n(&s->r_int64.count, n, __ATOMIC_RELAXED);
+            __atomic_store_n(&s->r_leaf.count, n, __ATOMIC_RELAXED);
+            __atomic_store_n(&s->choice_case, k & 1 ? 50u : 52u, __ATOMIC_RELAXED);
+            flips_.store(k + 1, std::memory_order_relaxed);
+          }
+        }) {}
+  ~Rewriter() {
+    stop_ = true;
+    t_.join();
+  }
+  uint64_t flips() const { return flips_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> flips_{0};
+  std::thread t_;
+};
+
+const int kRaced = 20000;
+const auto kRaceFor = std::chrono::seconds(10);
+
 // The copy must size, fill and branch on one read of each count and oneof case: a second
 // read that sees another value makes it write past the block it allocated, or fill the
 // pointer member of a oneof from another member's bytes.
 TEST_F(Hostile, CopyOfASourceRewrittenMeanwhileIsSelfConsistent) {
-  const uint64_t kLong = 64, kShort = 1;
-  Ev *s = cxrtest_Everything_new(src);
+  Ev *s = racing_source(src);
   ASSERT_NE(s, nullptr);
-  ASSERT_EQ(cxr_str_setz(src, &s->name, "hostile"), 0);
-  s->must = cxrtest_Leaf_new(src);
-  ASSERT_NE(CXR_VEC_ALLOC(src, s->r_int64, kLong), nullptr);
-  ASSERT_NE(CXR_VEC_ALLOC(src, s->r_leaf, kLong), nullptr);
-  for (uint64_t i = 0; i < kLong; i++) {
-    s->r_leaf.items[i].has_label = true;  // each element's copy allocates its label
-    ASSERT_EQ(cxr_str_setz(src, &s->r_leaf.items[i].label, "label"), 0);
-  }
-  s->choice_case = 52;
-  s->choice.c_leaf = cxrtest_Leaf_new(src);
-  ASSERT_NE(s->choice.c_leaf, nullptr);
   cxr_heap_stats st0;
   ASSERT_EQ(cxr_heap_stats(dst, &st0), 0);
-
-  // The peer: flips both counts between 64 and 1 and the case between c_leaf (52) and c_int
-  // (50, whose bytes are the low half of the c_leaf pointer), as fast as it can.
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> flips{0};
-  std::thread peer([&] {
-    for (uint64_t k = 0; !stop.load(std::memory_order_relaxed); k++) {
-      uint64_t n = k & 1 ? kShort : kLong;
-      __atomic_store_n(&s->r_int64.count, n, __ATOMIC_RELAXED);
-      __atomic_store_n(&s->r_leaf.count, n, __ATOMIC_RELAXED);
-      __atomic_store_n(&s->choice_case, k & 1 ? 50u : 52u, __ATOMIC_RELAXED);
-      flips.store(k + 1, std::memory_order_relaxed);
-    }
-  });
-
-  // Only copies during which the peer flipped something count: on a loaded machine the two
-  // threads may share one CPU for long stretches.
-  const int kCopies = 20000;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   int copies = 0, raced = 0, bad_count = 0, bad_case = 0;
-  for (; raced < kCopies && std::chrono::steady_clock::now() < deadline; copies++) {
-    uint64_t f0 = flips.load(std::memory_order_relaxed);
-    Ev *c = nullptr;
-    ASSERT_EQ(cxrtest_Everything_copy(dst, s, &c), 0);
-    raced += flips.load(std::memory_order_relaxed) != f0;
-    bool ok = true;
-    if (c->r_int64.count &&
-        c->r_int64.count * sizeof(int64_t) > cxr_heap_usable_size(dst, c->r_int64.items))
-      ok = false, bad_count++;
-    if (c->r_leaf.count &&
-        c->r_leaf.count * sizeof(cxrtest_Leaf) > cxr_heap_usable_size(dst, c->r_leaf.items))
-      ok = false, bad_count++;
-    if (c->choice_case == 52 && c->choice.c_leaf &&
-        !cxr_heap_contains(dst, c->choice.c_leaf, sizeof(cxrtest_Leaf)))
-      ok = false, bad_case++;
-    // An inconsistent copy cannot be freed safely (its free would follow what it claims).
-    if (ok) cxrtest_Everything_free(dst, c);
+  {
+    Rewriter peer(s);
+    const auto deadline = std::chrono::steady_clock::now() + kRaceFor;
+    for (; raced < kRaced && std::chrono::steady_clock::now() < deadline; copies++) {
+      uint64_t f0 = peer.flips();
+      Ev *c = nullptr;
+      ASSERT_EQ(cxrtest_Everything_copy(dst, s, &c), 0);
+      raced += peer.flips() != f0;
+      bool ok = true;
+      if (c->r_int64.count &&
+          c->r_int64.count * sizeof(int64_t) > cxr_heap_usable_size(dst, c->r_int64.items))
+        ok = false, bad_count++;
+      if (c->r_leaf.count &&
+          c->r_leaf.count * sizeof(cxrtest_Leaf) > cxr_heap_usable_size(dst, c->r_leaf.items))
+        ok = false, bad_count++;
+      if (c->choice_case == 52 && c->choice.c_leaf &&
+          !cxr_heap_contains(dst, c->choice.c_leaf, sizeof(cxrtest_Leaf)))
+        ok = false, bad_case++;
+      // An inconsistent copy cannot be freed safely (its free would follow what it claims).
+      if (ok) cxrtest_Everything_free(dst, c);
+    }
   }
-  stop = true;
-  peer.join();
   EXPECT_EQ(bad_count, 0) << "copies whose count exceeds their block, of " << raced
                           << " raced copies";
   EXPECT_EQ(bad_case, 0) << "copies whose c_leaf lies outside the heap, of " << raced;
@@ -126,6 +147,35 @@ TEST_F(Hostile, CopyOfASourceRewrittenMeanwhileIsSelfConsistent) {
   EXPECT_EQ(st.used, st0.used) << "blocks left behind after " << copies << " copies";
   // Not vacuous: the peer ran during some copies (on two busy CPUs, a few hundred in 10 s).
   EXPECT_GE(raced, 100) << "the peer hardly ran during the " << copies << " copies";
+}
+
+// _to_pb the same way: it allocated a repeated field's array by one read of the count, set
+// n_ by a second and filled by a third, so a count that grew in between wrote past the
+// array (malloc's heap of the converting process), and one that shrank left NULL elements
+// under n_ for protobuf-c to follow when packing.
+TEST_F(Hostile, ToPbOfASourceRewrittenMeanwhileIsSelfConsistent) {
+  Ev *s = racing_source(src);
+  ASSERT_NE(s, nullptr);
+  int conversions = 0, raced = 0, bad = 0;
+  {
+    Rewriter peer(s);
+    const auto deadline = std::chrono::steady_clock::now() + kRaceFor;
+    for (; raced < kRaced && std::chrono::steady_clock::now() < deadline; conversions++) {
+      uint64_t f0 = peer.flips();
+      Cxrtest__Everything *pb = nullptr;
+      ASSERT_EQ(cxrtest_Everything_to_pb(s, &pb), 0);
+      raced += peer.flips() != f0;
+      bool ok = pb->n_r_int64 == kShort || pb->n_r_int64 == kLong;
+      ok = ok && (pb->n_r_leaf == kShort || pb->n_r_leaf == kLong);
+      for (size_t i = 0; ok && i < pb->n_r_leaf; i++) ok = pb->r_leaf[i] != nullptr;
+      // Packing follows every element n_ counts: it must all be there.
+      ok = ok && protobuf_c_message_get_packed_size(&pb->base) > 0;
+      bad += !ok;
+      cxrtest_Everything_pb_free(pb);
+    }
+  }
+  EXPECT_EQ(bad, 0) << "inconsistent conversions, of " << raced << " raced";
+  EXPECT_GE(raced, 100) << "the peer hardly ran during the " << conversions << " conversions";
 }
 
 // ---- a validator that faults inside cxr_sandbox_run ----
