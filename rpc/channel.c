@@ -316,7 +316,7 @@ static bool manage_once(cxr_channel *ch, bool check_liveness) {
         alive = cxr__proc_alive(&id);
       } else { /* claimed but start time not yet written: the pid must at least exist */
         uint64_t t;
-        alive = cxr__proc_start_time(id.pid, &t) == 0;
+        alive = cxr__proc_start_time(id.pid, &t) != CXR_ENOENT;
       }
       if (!alive) {
         uint64_t want = cxr__owner(cxr__owner_pid(o), CXR__SLOT_RECLAIM, cxr__owner_gen(o));

@@ -1,6 +1,7 @@
 /* Process identity and liveness from /proc (see proc.h). */
 #include "shm/proc.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,11 +12,16 @@
 int cxr__proc_start_time(pid_t pid, uint64_t *start_time) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  /* Only the kernel's "no such process" says it is gone. A thread that may not open files
+   * (a sandbox worker's seccomp policy: EPERM), or out of descriptors, cannot tell: taking
+   * that for death made such a thread reclaim live holders' memory. */
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return CXR_ENOENT;
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? CXR_ENOENT : CXR_EIO;
   ssize_t n = read(fd, buf, sizeof buf - 1);
+  int read_errno = errno;
   close(fd);
-  if (n <= 0) return CXR_ENOENT;
+  if (n < 0) return read_errno == ESRCH ? CXR_ENOENT : CXR_EIO;
+  if (n == 0) return CXR_ENOENT; /* exited between the open and the read */
   buf[n] = '\0';
   /* The command name (field 2) may hold spaces and parentheses: fields resume after the
    * last ')'. Field 3 is the state, field 22 the start time. */
@@ -66,6 +72,7 @@ bool cxr__proc_alive(const cxr__proc_id *id) {
   if (id == NULL || id->pid <= 0) return false;
   if (id->host != cxr__host_id()) return true;
   uint64_t st;
-  if (cxr__proc_start_time(id->pid, &st) != 0) return false;
+  int rc = cxr__proc_start_time(id->pid, &st);
+  if (rc != 0) return rc != CXR_ENOENT; /* cannot tell: never declared dead */
   return st == id->start_time;
 }

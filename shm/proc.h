@@ -26,10 +26,12 @@ typedef struct cxr__proc_id {
 
 /* This process. 0 or CXR_EIO. */
 int cxr__proc_self_id(cxr__proc_id *out);
-/* Start time of `pid`: 0, or CXR_ENOENT if no such process or it is a zombie. */
+/* Start time of `pid`: 0, CXR_ENOENT if no such process or it is a zombie, or CXR_EIO if
+ * this thread cannot tell (it may not open /proc: a sandbox worker, no descriptors left). */
 int cxr__proc_start_time(pid_t pid, uint64_t *start_time);
 /* True while the process runs (not a zombie) with the same start time. A process on
- * another host cannot be checked here: returns true (callers use leases for those). */
+ * another host cannot be checked here: returns true (callers use leases for those); so
+ * does a thread that cannot tell (CXR_EIO above). */
 bool cxr__proc_alive(const cxr__proc_id *id);
 /* A hash of /proc/sys/kernel/random/boot_id, never 0. */
 uint64_t cxr__host_id(void);

@@ -37,7 +37,8 @@ bool cxr__plock_holder_dead(uint64_t word) {
   int32_t pid = (int32_t)(word & CXR_PLOCK_PID_MASK);
   if (pid <= 0 || pid > PID_LIMIT) return true;
   uint64_t st;
-  if (cxr__proc_start_time(pid, &st) != 0) return true;
+  int rc = cxr__proc_start_time(pid, &st);
+  if (rc != 0) return rc == CXR_ENOENT; /* a thread that cannot tell waits, takes nothing */
   return (uint32_t)st != (uint32_t)(word >> 32);
 }
 

@@ -40,7 +40,8 @@ typedef struct cxr__plock {
 /* The word that names process (pid, start_time) as holder. */
 uint64_t cxr__plock_id(int32_t pid, uint64_t start_time);
 /* True if the holder a lock word names is not running (also for words no process could
- * have written: pid 0, beyond the kernel's limit). */
+ * have written: pid 0, beyond the kernel's limit). False when this thread cannot tell (it
+ * may not open /proc): it then waits like for a live holder. */
 bool cxr__plock_holder_dead(uint64_t word);
 /* 0, or CXR_EBUSY. No system call, no clock read. */
 int cxr__plock_try(cxr__plock *l, uint64_t me);
