@@ -167,6 +167,7 @@ struct cxr_rdma {
   uint64_t use_clock;
   size_t queued;           /* bytes of admitted messages no handler got yet (worker.c) */
   uint64_t msgs_too_big, msgs_queue_full;  /* messages dropped before any allocation */
+  uint64_t msgs_unhandled, msgs_no_memory;  /* ... for an id without handler; out of memory */
 
   int pin_mode;
   size_t pin_budget, pinned, pinned_peak, registered;

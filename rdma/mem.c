@@ -258,7 +258,11 @@ int cxr_rdma_stats_get(const cxr_rdma *cr, cxr_rdma_stats *out) {
                           .evictions = r->evictions, .bounced = r->bounced,
                           .cold_connects = r->cold, .warm_connects = r->warm,
                           .pool_hits = r->pool_hits,
-                          .pin_mode = r->pin_mode};
+                          .pin_mode = r->pin_mode,
+                          .dropped_too_big = r->msgs_too_big,
+                          .dropped_queue_full = r->msgs_queue_full,
+                          .dropped_unhandled = r->msgs_unhandled,
+                          .dropped_no_memory = r->msgs_no_memory};
   for (cxr_rdma_ep *e = r->parked; e; e = e->next) out->parked++;
   for (rdma_host *h = r->hosts; h; h = h->next) {
     out->known_hosts += h->valid;

@@ -184,6 +184,9 @@ typedef struct cxr_rdma_stats {
   int pin_mode;           /* the mode in force (auto resolved to always or never) */
   unsigned parked;        /* closed endpoints kept open for one-sided ops still pending
                              (cxr_rdma_ep_close(3)) */
+  /* Messages received and dropped before reaching a handler: above msg_max, beyond
+   * queue_max, for an id without handler, and for want of memory. */
+  uint64_t dropped_too_big, dropped_queue_full, dropped_unhandled, dropped_no_memory;
 } cxr_rdma_stats;
 int cxr_rdma_stats_get(const cxr_rdma *r, cxr_rdma_stats *out);
 

@@ -352,6 +352,8 @@ static size_t msg_admit(am_slot *s, size_t hlen, size_t dlen, ucs_status_t *st) 
     n = ++r->msgs_queue_full;
   } else if (handled) {
     r->queued += charge;
+  } else {
+    r->msgs_unhandled++;
   }
   pthread_mutex_unlock(&r->lock);
   if (!handled) {
@@ -369,6 +371,12 @@ static size_t msg_admit(am_slot *s, size_t hlen, size_t dlen, ucs_status_t *st) 
   return charge;
 }
 
+static void count_no_memory(cxr_rdma *r) {
+  pthread_mutex_lock(&r->lock);
+  r->msgs_no_memory++;
+  pthread_mutex_unlock(&r->lock);
+}
+
 static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_length,
                                void *data, size_t length, const ucp_am_recv_param_t *param) {
   am_slot *s = arg;
@@ -382,6 +390,7 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   cxr_rdma_msg *m = calloc(1, sizeof *m);
   if (m == NULL) {
     queue_uncharge(r, charge);
+    count_no_memory(r);
     return rndv ? UCS_ERR_NO_MEMORY : UCS_OK;
   }
   m->r = r;
@@ -424,6 +433,7 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   return UCS_OK;
 drop:
   CXR_WARN("rdma: dropped a message (id %u, %zu bytes): out of memory", s->id, length);
+  count_no_memory(r);
   msg_uncharge(r, m);
   cxr_rdma_msg_free(m);
   return UCS_OK;

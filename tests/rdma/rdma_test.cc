@@ -696,9 +696,17 @@ TEST(Rdma, AMessageAboveTheEnginesLimitIsDroppedBeforeAnythingIsAllocated) {
   // A rendezvous sender learns that its data was refused; an eager one cannot.
   EXPECT_TRUE(rc_big == CXR_EFULL) << rc_big;
   EXPECT_TRUE(rc_over == 0 || rc_over == CXR_EFULL) << rc_over;
-  // The endpoint still carries messages.
+  // The endpoint still carries messages (after one for an id nobody set, dropped too).
+  ASSERT_EQ(cxr_rdma_am_send(ep, 29, "u", 1, nullptr, 0, 0), 0);
   ASSERT_EQ(cxr_rdma_am_send(ep, 30, "t", 1, &at, 1, cxr_now_ns() + 10 * kSec), 0);
   EXPECT_TRUE(wait_for(z.got, 3, 10 * kSec));
+  // The receiver counts what it dropped, by cause.
+  cxr_rdma_stats st;
+  ASSERT_EQ(cxr_rdma_stats_get(rx, &st), 0);
+  EXPECT_EQ(st.dropped_too_big, 2u);
+  EXPECT_EQ(st.dropped_unhandled, 1u);
+  EXPECT_EQ(st.dropped_queue_full, 0u);
+  EXPECT_EQ(st.dropped_no_memory, 0u);
   cxr_rdma_ep_close(ep);
   cxr_rdma_close(tx);
   cxr_rdma_close(rx);
@@ -770,6 +778,10 @@ TEST(Rdma, MessagesWaitingForTheirHandlerStayWithinTheQueueBound) {
   ASSERT_TRUE(wait_for(z.got, 2, 10 * kSec));
   usleep(200000);
   EXPECT_EQ(z.got.load(), 2) << "more messages waited than the bound lets in";
+  cxr_rdma_stats st;
+  ASSERT_EQ(cxr_rdma_stats_get(rx, &st), 0);
+  EXPECT_EQ(st.dropped_queue_full, 2u);
+  EXPECT_EQ(st.dropped_too_big, 0u);
   // Handled, the queue takes messages again.
   struct iovec v = {bufs[0].data(), mib};
   ASSERT_EQ(cxr_rdma_am_send(ep, 32, "q", 1, &v, 1, cxr_now_ns() + 10 * kSec), 0);
