@@ -437,7 +437,9 @@ int cxr__conn_check(cxr_conn *c, bool force) {
   if (err) {
     int zero = 0;
     if (__atomic_compare_exchange_n(&c->dead, &zero, err, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-      CXR_INFO("connection to %s: %s", c->cb->name, cxr_strerror(err));
+      /* Bounded: every client of the channel can write the control block's name. */
+      CXR_INFO("connection to %.*s: %s", (int)CXR__CHAN_NAME_MAX, c->cb->name,
+               cxr_strerror(err));
       if (err == CXR_EPEERDEAD) CXR__ADD(&c->slot->cli.peer_dead, 1);
     }
     cxr__conn_fail_all(c, __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE));

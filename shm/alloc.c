@@ -41,7 +41,7 @@ static unsigned central_pop(cxr_heap *h, unsigned c, cxr__blk **out, unsigned wa
     while (got < want && hdr->central[c] != 0) {
       uint64_t off = hdr->central[c];
       if (!cxr__blk_valid(g, off, c)) {
-        CXR_ERR("heap %s: corrupt free list (class %u); rebuilding", hdr->name, c);
+        CXR_ERR("heap %.*s: corrupt free list (class %u); rebuilding", CXR__HDR_NAME(hdr), c);
         cxr__heap_rebuild(g, NULL);
         break;
       }
@@ -49,7 +49,8 @@ static unsigned central_pop(cxr_heap *h, unsigned c, cxr__blk **out, unsigned wa
       if (LD(b->tag) != cxr__tag(CXR_BLK_FREE, c, 0, 0)) {
         /* A free list must only hold FREE blocks of its class: never hand out a block
          * that is in use because shared metadata was damaged. */
-        CXR_ERR("heap %s: free list of class %u holds a block in use; rebuilding", hdr->name, c);
+        CXR_ERR("heap %.*s: free list of class %u holds a block in use; rebuilding",
+                CXR__HDR_NAME(hdr), c);
         cxr__heap_rebuild(g, NULL);
         break;
       }
@@ -361,7 +362,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   }
   found f;
   if (find_ptr(h, p, &f) != 0) {
-    CXR_ERR("heap %s: free of %p, not an allocation of this heap", h->hdr->name, p);
+    CXR_ERR("heap %.*s: free of %p, not an allocation of this heap", CXR__HDR_NAME(h->hdr), p);
     cxr__set_error(CXR_EBADPTR);
     return;
   }
@@ -377,12 +378,12 @@ void cxr_heap_free(cxr_heap *h, void *p) {
       if (cxr__run_release(&h->g, f.head, cxr__pm_npages(w0)) == 0) {
         atomic_fetch_add_explicit(&h->hdr->slots[h->slot].frees, 1, memory_order_relaxed);
       } else {
-        CXR_ERR("heap %s: free of %p: its page run's length (%u pages) is damaged; leaving "
-                "the run as it is", h->hdr->name, p, cxr__pm_npages(w0));
+        CXR_ERR("heap %.*s: free of %p: its page run's length (%u pages) is damaged; leaving "
+                "the run as it is", CXR__HDR_NAME(h->hdr), p, cxr__pm_npages(w0));
         cxr__set_error(CXR_ECORRUPT);
       }
     } else {
-      CXR_ERR("heap %s: double free of pages at %p", h->hdr->name, p);
+      CXR_ERR("heap %.*s: double free of pages at %p", CXR__HDR_NAME(h->hdr), p);
       cxr__set_error(CXR_EINVAL);
     }
     cxr__heap_unlock(h);
@@ -393,7 +394,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   uint64_t nt = cxr__tag(CXR_BLK_CACHED, c, h->slot, h->gen);
   for (;;) {
     if (cxr__tag_state(t) != CXR_BLK_ALLOC || cxr__tag_class(t) != c) {
-      CXR_ERR("heap %s: free of %p: not allocated (double free?)", h->hdr->name, p);
+      CXR_ERR("heap %.*s: free of %p: not allocated (double free?)", CXR__HDR_NAME(h->hdr), p);
       cxr__set_error(CXR_EINVAL);
       return;
     }

@@ -37,6 +37,9 @@ typedef struct cxr__map {
   pmem2_persist_fn persist;
   int refs;
   cxr__geo g;                /* validated geometry */
+  int lock_stuck;            /* the last wait for the heap's lock timed out (pages.c; atomic):
+                              * on the mapping, so a new handle (a connect's open of a control
+                              * heap whose word a client jammed) does not wait the full bound */
 } cxr__map;
 
 /* A handle: one lease (holder slot) on one mapping. */
@@ -52,7 +55,6 @@ struct cxr_heap {
   cxr__pme *pm;
   uint64_t npages, data_off, size;
   cxr__geo g;                /* the same, for the allocator's internals */
-  int lock_stuck;            /* the last wait for the lock timed out (pages.c; atomic) */
   struct cxr_heap *next;     /* open handles of this process */
 };
 
@@ -63,6 +65,10 @@ void cxr__rt_unlock(void);
 /* cxr__rt_lock, giving up with CXR_ETIMEDOUT at `until` (a cxr_now_ns() time; 0: never):
  * another thread may hold the mutex while it waits for the registry's lock. */
 int cxr__rt_lock_by(int64_t until);
+/* A header's name in a log line ("heap %.*s"): at most CXR_NAME_MAX bytes are read, so a
+ * holder that overwrote the name's terminator (any holder can write the header) cannot make
+ * the logger read on into unmapped memory. The handle's private copy is h->m->name. */
+#define CXR__HDR_NAME(hdr) (int)CXR_NAME_MAX, (hdr)->name
 uint64_t cxr__rt_next_serial(void);
 /* This process as a heap lock's holder (cxr__plock_id of its pid and start time), read from
  * /proc once per process and again in a fork's child; 0 if /proc cannot tell. */

@@ -86,8 +86,8 @@ int cxr__heap_reap_locked(cxr_heap *h) {
     cxr__slot *s = &hdr->slots[i];
     uint32_t state = atomic_load(&s->state);
     if (state == CXR_SLOT_CLOSED) {
-      CXR_INFO("heap %s: releasing slot %u, closed by pid %d without the lock", hdr->name, i,
-               s->pid);
+      CXR_INFO("heap %.*s: releasing slot %u, closed by pid %d without the lock",
+               CXR__HDR_NAME(hdr), i, s->pid);
       r.gen[i] = s->gen;
       r.clean[i] = true;
       n++;
@@ -96,8 +96,8 @@ int cxr__heap_reap_locked(cxr_heap *h) {
     if (state != CXR_SLOT_LIVE) continue;
     if (i == h->slot && s->gen == h->gen && h->epoch == cxr__fork_epoch) continue;
     if (!cxr__slot_dead(s, now)) continue;
-    CXR_INFO("heap %s: holder pid %d (slot %u) is dead; recovering its memory", hdr->name,
-             s->pid, i);
+    CXR_INFO("heap %.*s: holder pid %d (slot %u) is dead; recovering its memory",
+             CXR__HDR_NAME(hdr), s->pid, i);
     r.gen[i] = s->gen;
     n++;
   }
@@ -134,7 +134,9 @@ int cxr__heap_reattach(cxr_heap *h) {
       rc = cxr__slot_take(h);
       cxr__heap_unlock(h);
     }
-    if (rc == 0) CXR_DEBUG("heap %s: inherited over fork, new lease in slot %u", h->hdr->name, h->slot);
+    if (rc == 0)
+      CXR_DEBUG("heap %.*s: inherited over fork, new lease in slot %u", CXR__HDR_NAME(h->hdr),
+                h->slot);
   }
   cxr__rt_unlock();
   return rc;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "shm/meta.h"
+#include "shm/registry.h"
 
 /* ---------------- page runs (heap lock held) ---------------- */
 
@@ -94,7 +95,7 @@ int64_t cxr__run_take(const cxr__geo *g, uint32_t n) {
       r = next;
     }
     if (!damaged) return -1;
-    CXR_ERR("heap %s: free-run list damaged; rebuilding", hdr->name);
+    CXR_ERR("heap %.*s: free-run list damaged; rebuilding", CXR__HDR_NAME(hdr));
     cxr__heap_rebuild(g, NULL);
   }
   return -1;
@@ -170,28 +171,41 @@ _Thread_local int cxr__lock_reaped;
 int cxr__heap_lock(cxr_heap *h) {
   uint64_t me = cxr__rt_lock_id();
   if (me == 0) {
-    CXR_ERR("heap %s: cannot read this process's identity from /proc", h->hdr->name);
+    CXR_ERR("heap %.*s: cannot read this process's identity from /proc", CXR__HDR_NAME(h->hdr));
     return CXR_EIO;
   }
   int rc = cxr__plock_try(&h->hdr->lock, me); /* no clock read when it is free */
   if (rc == CXR_EBUSY) {
-    bool stuck = __atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED);
-    rc = cxr__plock_lock(&h->hdr->lock, me, stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS);
+    bool stuck = __atomic_load_n(&h->m->lock_stuck, __ATOMIC_RELAXED);
+    int64_t wait = stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS;
+    /* A caller with a deadline of its own (a connect opening heaps, shm/reg_deadline.h) is
+     * not kept past it: it may hold the pod registry's lock meanwhile. */
+    int64_t until = cxr__reg_deadline_get();
+    bool callers = false; /* the bound is the caller's deadline: no sign of a stuck lock */
+    if (until != 0) {
+      int64_t left = until - cxr_now_ns();
+      if (left < wait) {
+        wait = left > 0 ? left : 0;
+        callers = true;
+      }
+    }
+    rc = cxr__plock_lock(&h->hdr->lock, me, wait);
+    if (rc == CXR_ETIMEDOUT && callers) return CXR_ETIMEDOUT;
     if (rc == CXR_ETIMEDOUT) {
       if (!stuck)
-        CXR_ERR("heap %s: its lock was not released within %lld s (a holder is stopped, or "
-                "the word was overwritten); its allocations fail until it is", h->hdr->name,
-                LOCK_WAIT_NS / 1000000000);
-      __atomic_store_n(&h->lock_stuck, 1, __ATOMIC_RELAXED);
+        CXR_ERR("heap %.*s: its lock was not released within %lld s (a holder is stopped, or "
+                "the word was overwritten); its allocations fail until it is",
+                CXR__HDR_NAME(h->hdr), LOCK_WAIT_NS / 1000000000);
+      __atomic_store_n(&h->m->lock_stuck, 1, __ATOMIC_RELAXED);
       return CXR_ETIMEDOUT;
     }
   }
-  /* Written only when set: every thread of the process locks through this handle. */
-  if (__atomic_load_n(&h->lock_stuck, __ATOMIC_RELAXED))
-    __atomic_store_n(&h->lock_stuck, 0, __ATOMIC_RELAXED);
+  /* Written only when set: every thread of the process locks through this mapping. */
+  if (__atomic_load_n(&h->m->lock_stuck, __ATOMIC_RELAXED))
+    __atomic_store_n(&h->m->lock_stuck, 0, __ATOMIC_RELAXED);
   if (rc == CXR_PLOCK_TAKEN_OVER) {
     /* A holder died inside an allocator operation: lists may be half-updated. */
-    CXR_WARN("heap %s: a lock holder died; rebuilding free lists", h->hdr->name);
+    CXR_WARN("heap %.*s: a lock holder died; rebuilding free lists", CXR__HDR_NAME(h->hdr));
     cxr__heap_rebuild(&h->g, NULL);
     cxr__lock_reaped += cxr__heap_reap_locked(h);
   }
@@ -223,8 +237,8 @@ static void damage_begin(void) { damage_seen = damage_budget = 0; }
 
 static void damage_end(const cxr__hdr *hdr) {
   if (damage_budget && damage_seen > damage_budget)
-    CXR_ERR("heap %s: %u more damaged entries (not logged; at most %d a second)", hdr->name,
-            damage_seen - damage_budget, DAMAGE_LOG_MAX);
+    CXR_ERR("heap %.*s: %u more damaged entries (not logged; at most %d a second)",
+            CXR__HDR_NAME(hdr), damage_seen - damage_budget, DAMAGE_LOG_MAX);
 }
 
 static bool reclaims(const cxr__reclaim *r, unsigned slot, uint32_t gen) {
@@ -253,7 +267,7 @@ static bool rebuild_slab(const cxr__geo *g, uint32_t pg, unsigned c, const cxr__
       st = cxr__tag_state(t);
     } else if (st != CXR_BLK_FREE && st != CXR_BLK_CACHED && st != CXR_BLK_ALLOC) {
       if (damage_log())
-        CXR_ERR("heap %s: block %p has a bad tag %#lx; keeping it out of use", hdr->name,
+        CXR_ERR("heap %.*s: block %p has a bad tag %#lx; keeping it out of use", CXR__HDR_NAME(hdr),
                 (void *)b, (unsigned long)t);
       continue;
     }
@@ -288,8 +302,8 @@ void cxr__heap_rebuild(const cxr__geo *g, const cxr__reclaim *r) {
     if ((kind != CXR_PM_FREE && kind != CXR_PM_SLAB && kind != CXR_PM_LARGE) || n == 0 ||
         n > npages - pg || (kind == CXR_PM_SLAB && (cxr__pm_class(w0) >= CXR_NCLASS || n != CXR_SLAB_PAGES))) {
       if (damage_log())
-        CXR_ERR("heap %s: page %u has a bad map entry %#lx; leaking the page", hdr->name, pg,
-                (unsigned long)w0);
+        CXR_ERR("heap %.*s: page %u has a bad map entry %#lx; leaking the page",
+                CXR__HDR_NAME(hdr), pg, (unsigned long)w0);
       if (flen) run_make_free(g, fstart, flen);
       flen = 0;
       pg++;

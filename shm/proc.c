@@ -3,11 +3,29 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "shm/log.h"
+
+/* A zombie leader whose process still has threads: its main thread called pthread_exit and
+ * the others run on. /proc counts the zombie leader among the threads until the last ends. */
+static bool other_threads_run(pid_t pid) {
+  char path[64], buf[4096];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char *t = strstr(buf, "\nThreads:");
+  return t != NULL && strtol(t + 9, NULL, 10) > 1;
+}
 
 int cxr__proc_start_time(pid_t pid, uint64_t *start_time) {
   char path[64], buf[1024];
@@ -16,7 +34,13 @@ int cxr__proc_start_time(pid_t pid, uint64_t *start_time) {
    * (a sandbox worker's seccomp policy: EPERM), or out of descriptors, cannot tell: taking
    * that for death made such a thread reclaim live holders' memory. */
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT || errno == ESRCH ? CXR_ENOENT : CXR_EIO;
+  if (fd < 0) {
+    if (errno != ENOENT && errno != ESRCH) return CXR_EIO;
+    /* /proc may hide a live process (mounted with hidepid=, another user's): kill(2)
+     * tells whether it exists. */
+    if (kill(pid, 0) == 0 || errno == EPERM) return CXR_EIO;
+    return CXR_ENOENT;
+  }
   ssize_t n = read(fd, buf, sizeof buf - 1);
   int read_errno = errno;
   close(fd);
@@ -29,7 +53,8 @@ int cxr__proc_start_time(pid_t pid, uint64_t *start_time) {
   if (p == NULL || p[1] != ' ') return CXR_ENOENT;
   p += 2;
   char state = *p;
-  if (state == 'Z' || state == 'X' || state == 'x') return CXR_ENOENT;
+  if (state == 'X' || state == 'x') return CXR_ENOENT;
+  if (state == 'Z' && !other_threads_run(pid)) return CXR_ENOENT;
   for (int field = 3; field < 22; field++) {
     p = strchr(p, ' ');
     if (p == NULL) return CXR_ENOENT;

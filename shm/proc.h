@@ -26,8 +26,9 @@ typedef struct cxr__proc_id {
 
 /* This process. 0 or CXR_EIO. */
 int cxr__proc_self_id(cxr__proc_id *out);
-/* Start time of `pid`: 0, CXR_ENOENT if no such process or it is a zombie, or CXR_EIO if
- * this thread cannot tell (it may not open /proc: a sandbox worker, no descriptors left). */
+/* Start time of `pid`: 0, CXR_ENOENT if no such process or it is a zombie (a zombie leader
+ * whose other threads still run counts as running), or CXR_EIO if this thread cannot tell
+ * (it may not open /proc: a sandbox worker, no descriptors left; /proc hides the process). */
 int cxr__proc_start_time(pid_t pid, uint64_t *start_time);
 /* True while the process runs (not a zombie) with the same start time. A process on
  * another host cannot be checked here: returns true (callers use leases for those); so

@@ -68,6 +68,10 @@ int cxr__plock_lock(cxr__plock *l, uint64_t me, int64_t wait_ns) {
   int64_t start = mono_ns();
   int64_t until = start + wait_ns, check = start + FIRST_CHECK_NS;
   for (;;) {
+    /* Every pass reads the clock (a waiter's path): a peer rewriting the word as fast as it
+     * can makes the compare-and-swaps below fail, and must not keep us past `until`. */
+    int64_t now = mono_ns();
+    if (now >= until) return CXR_ETIMEDOUT;
     uint64_t w = __atomic_load_n(&l->word, __ATOMIC_RELAXED);
     if (w == 0) {
       /* Taken with the waiters bit: others may still sleep, and our unlock must wake one. */
@@ -82,7 +86,6 @@ int cxr__plock_lock(cxr__plock *l, uint64_t me, int64_t wait_ns) {
         continue;
       w |= CXR_PLOCK_WAITERS;
     }
-    int64_t now = mono_ns();
     if (now >= check) {
       check = now + CHECK_EVERY_NS;
       if ((w & ~CXR_PLOCK_WAITERS) != me && cxr__plock_holder_dead(w)) {
@@ -92,7 +95,6 @@ int cxr__plock_lock(cxr__plock *l, uint64_t me, int64_t wait_ns) {
         continue; /* it changed: look again */
       }
     }
-    if (now >= until) return CXR_ETIMEDOUT;
     int64_t nap = (until < check ? until : check) - now;
     cxr__futex_wait(futex_of(l), (uint32_t)w, nap);
   }

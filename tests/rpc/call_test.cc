@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "rpc/internal.h"
+#include "tests/rpc/lock_word.h"
 #include "tests/rpc/methods.h"
 #include "tests/rpc/util.h"
 
@@ -918,6 +919,45 @@ TEST(CallLimits, ASlotMarkedClosedThatWasNeverServedIsPutBack) {
   ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
   EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
   cxr_conn_close(c);
+  cxr_heap_close(ctl);
+  cxr_channel_close(ch);
+}
+
+TEST(CallLimits, AConnectGivesUpByItsTimeoutWhileAClientJamsTheControlHeapsLock) {
+  // Every client can write the channel's control heap, its lock word too: one that leaves it
+  // "held" under a live process's identity made every later connect (a new process opening
+  // the control heap) wait the lock's 2 s bound, past a 300 ms connect timeout, and with the
+  // pod registry's lock held meanwhile. Now the wait ends by the connect's deadline.
+  std::string name = uniq("jam");
+  cxr_channel *ch = serving(name, 1u << 20, 4, 1);
+  ASSERT_NE(ch, nullptr);
+  cxr_heap *ctl = nullptr;
+  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
+  uint64_t *word = test_heap_lock_word(ctl);
+  const uint64_t held = test_live_lock_word();  // a live process that never unlocks
+  ASSERT_NE(held, 0u);
+  std::string path = peer_path();
+  auto connect_ms = [&](int *rc) {  // a new process's connect with a 300 ms timeout
+    int64_t t0 = cxr_now_ns();
+    pid_t pid = fork();
+    if (pid == 0) {  // only async-signal-safe calls until exec: the parent has threads
+      execl(path.c_str(), path.c_str(), "connect", name.c_str(), "300", (char *)nullptr);
+      _exit(111);
+    }
+    int st = 0;
+    *rc = waitpid(pid, &st, 0) == pid && WIFEXITED(st) ? -WEXITSTATUS(st) : 1;
+    return ms_since(t0);
+  };
+  __atomic_store_n(word, held, __ATOMIC_SEQ_CST);
+  int rc = 0;
+  for (int i = 0; i < 2; i++) {
+    int64_t ms = connect_ms(&rc);
+    EXPECT_EQ(rc, CXR_ETIMEDOUT);
+    EXPECT_LT(ms, 1500) << "a connect waited for the jammed lock's own bound";
+  }
+  __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
+  connect_ms(&rc);
+  EXPECT_EQ(rc, 0);
   cxr_heap_close(ctl);
   cxr_channel_close(ch);
 }

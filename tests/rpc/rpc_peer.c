@@ -1,7 +1,7 @@
 /* A peer process for the multi-process rpc tests (started with posix_spawn):
  *   rpc_peer server NAME WORKERS   serve the test methods; print "ready\n"; stop on SIGTERM
  *   rpc_peer client NAME MS        connect, print "connected\n", call M_SLEEP(MS) forever
- *   rpc_peer connect NAME 0        exit with -(cxr_connect's code)
+ *   rpc_peer connect NAME MS       exit with -(cxr_connect's code); MS > 0: connect timeout
  *   rpc_peer scribble NAME ROUNDS  a client that fills its request ring with garbage
  *   rpc_peer impostor NAME PID     a client that writes PID (0: its own) and uid 4242 into
  *                                  its slot, asks M_PEER through its raw rings and prints
@@ -160,15 +160,18 @@ static int impostor(const char *name, int pid) {
 }
 
 /* Exits with -rc of cxr_connect (0 when it connected). */
-static int try_connect(const char *name) {
+static int try_connect(const char *name, int64_t timeout_ms) {
   cxr_conn *c;
-  int rc = cxr_connect(&c, name, NULL);
+  cxr_conn_opts co;
+  cxr_conn_opts_init(&co);
+  if (timeout_ms > 0) co.connect_timeout_ns = timeout_ms * 1000000;
+  int rc = cxr_connect(&c, name, &co);
   if (rc == 0) cxr_conn_close(c);
   return -rc;
 }
 
 int main(int argc, char **argv) {
-  if (argc == 4 && strcmp(argv[1], "connect") == 0) return try_connect(argv[2]);
+  if (argc == 4 && strcmp(argv[1], "connect") == 0) return try_connect(argv[2], atoll(argv[3]));
   if (argc == 4 && strcmp(argv[1], "scribble") == 0) return scribble(argv[2], atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "impostor") == 0) return impostor(argv[2], atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "server") == 0) return server(argv[2], (unsigned)atoi(argv[3]));
