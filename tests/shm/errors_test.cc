@@ -562,6 +562,26 @@ TEST(Errors, AnUnlockWritesNothingAPeerPointedItAt) {
   cxr_heap_close(h);
 }
 
+TEST(Errors, AHeaderNameWithoutItsEndIsLoggedBounded) {
+  // Any holder can write the header: one that overwrites the name's terminator and every
+  // byte after it, to the end of the heap, made the next log line naming the heap read on
+  // into the unmapped memory after it (SIGSEGV in the logging process). In a child, so that
+  // a crash is a failed expectation rather than the end of the suite.
+  std::string name = uniq("noname");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(create_self_removing(&h, name, 3 << 20), 0);  // not a 2 MiB multiple: a gap after
+  pid_t pid = spawn([&]() -> int {
+    if (cxr_heap_renew(h) != 0) return 9;  // its own lease first: the free below takes no lock
+    char *base = static_cast<char *>(cxr_heap_base(h));
+    size_t off = offsetof(cxr__hdr, name);
+    memset(base + off, 'x', (3u << 20) - off);
+    cxr_heap_free(h, base + 1);  // refused (whatever the code), and logged with the name
+    return 0;
+  });
+  EXPECT_EQ(wait_child(pid), 0) << "0: refused and logged; 139: SIGSEGV";
+  cxr_heap_close(h);
+}
+
 // The page-map entry of the page run at p, as a peer that maps the heap sees it.
 static cxr__pme *run_head_entry(cxr_heap *h, void *p) {
   cxr__hdr *hdr = (cxr__hdr *)cxr_heap_base(h);
