@@ -329,6 +329,19 @@ void *cxr_vec_alloc(cxr_heap *h, size_t elem, uint64_t n) {
  * and write through the blocks they allocated, never through a pointer read back from the
  * destination (which may be a peer's heap too). */
 
+/* With a range (_copy_in), each block a copy is about to read, at the address and count it
+ * read once, must lie inside r: a pointer its writer swapped after validation could reach
+ * any memory the copying process maps (the server's own heap, say) and copy it out. */
+int cxr__cp_in(const cxr_range *r, const void *p, uint64_t count, size_t elem, size_t align) {
+  if (!r || count == 0) return 0;
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)r->p;
+  if (!lo || r->len > UINTPTR_MAX - lo) return CXR_EBADPTR;
+  uintptr_t hi = lo + r->len;
+  if (a < lo || a >= hi || count > (hi - a) / (elem ? elem : 1)) return CXR_EBADPTR;
+  if (align > 1 && (a & (align - 1))) return CXR_EBADPTR;
+  return 0;
+}
+
 void *cxr__cp_mem(cxr_heap *to, const void *src, size_t n) {
   if (n == 0) return NULL;
   void *d = cxr_heap_alloc(to, n);
@@ -341,53 +354,57 @@ void *cxr__cp_array(cxr_heap *to, const void *src, uint64_t count, size_t elem) 
   return cxr__cp_mem(to, src, (size_t)(count * elem));
 }
 
-int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s) {
+int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s, const cxr_range *r) {
   const char *ptr = CXR__LOAD(&s->ptr);
   uint64_t len = CXR__LOAD(&s->len);
   d->ptr = NULL;
   d->len = 0;
   if (!len) return 0;
+  if (cxr__cp_in(r, ptr, len, 1, 1)) return CXR_EBADPTR;
   return cxr_str_set(to, d, ptr, len);
 }
 
-int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s) {
+int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s, const cxr_range *r) {
   const uint8_t *ptr = CXR__LOAD(&s->ptr);
   uint64_t len = CXR__LOAD(&s->len);
   d->ptr = NULL;
   d->len = 0;
   if (!len) return 0;
+  if (cxr__cp_in(r, ptr, len, 1, 1)) return CXR_EBADPTR;
   return cxr_bytes_set(to, d, ptr, len);
 }
 
-int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s) {
+int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, const cxr_range *r) {
   const cxr_str *items = CXR__LOAD(&s->items);
   uint64_t n = CXR__LOAD(&s->count);
   d->items = NULL;
   d->count = 0;
   if (!n) return 0;
+  if (cxr__cp_in(r, items, n, sizeof *items, _Alignof(cxr_str))) return CXR_EBADPTR;
   cxr_str *out = cxr_vec_alloc(to, sizeof *out, n);
   if (!out) return CXR_ENOMEM;
   d->items = out;
   d->count = n;
   for (uint64_t i = 0; i < n; i++) {
-    int rc = cxr__cp_str(to, &out[i], &items[i]);
+    int rc = cxr__cp_str(to, &out[i], &items[i], r);
     if (rc) return rc;
   }
   return 0;
 }
 
-int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s) {
+int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, const cxr_range *r) {
   const cxr_bytes *items = CXR__LOAD(&s->items);
   uint64_t n = CXR__LOAD(&s->count);
   d->items = NULL;
   d->count = 0;
   if (!n) return 0;
+  if (cxr__cp_in(r, items, n, sizeof *items, _Alignof(cxr_bytes))) return CXR_EBADPTR;
   cxr_bytes *out = cxr_vec_alloc(to, sizeof *out, n);
   if (!out) return CXR_ENOMEM;
   d->items = out;
   d->count = n;
   for (uint64_t i = 0; i < n; i++) {
-    int rc = cxr__cp_bytes(to, &out[i], &items[i]);
+    int rc = cxr__cp_bytes(to, &out[i], &items[i], r);
     if (rc) return rc;
   }
   return 0;
@@ -503,8 +520,13 @@ uint32_t cxr_method_id(const char *s) {
   return h;
 }
 
+/* Each zero field takes its default: a caller who sets max_len alone means "the defaults,
+ * with this max_len", not max_nodes 0 and max_depth 0 (every graph refused). */
 const cxr_limits *cxr__limits(const cxr_limits *l, cxr_limits *tmp) {
-  if (l && (l->max_depth || l->max_nodes || l->max_len)) return l;
+  if (l && l->max_depth && l->max_nodes && l->max_len) return l;
   cxr_limits_init(tmp);
+  if (l && l->max_depth) tmp->max_depth = l->max_depth;
+  if (l && l->max_nodes) tmp->max_nodes = l->max_nodes;
+  if (l && l->max_len) tmp->max_len = l->max_len;
   return tmp;
 }

@@ -56,7 +56,8 @@ CXR__VEC(cxr_vec_bool, bool);
 CXR__VEC(cxr_vec_str, cxr_str);
 CXR__VEC(cxr_vec_bytes, cxr_bytes);
 
-/* Bounds for validating a graph from an untrusted peer. */
+/* Bounds for validating a graph from an untrusted peer. A zero field means its default, so
+ * a caller may set one limit and leave the others zero. */
 typedef struct cxr_limits {
   uint32_t max_depth;  /* nesting of messages below the root; default 64 */
   uint64_t max_nodes;  /* messages plus checked repeated elements (bools included): bounds
@@ -179,14 +180,18 @@ int cxr__v_count(cxr__vctx *v, uint64_t n);
  * a pointer member from another member's bytes. A relaxed atomic load, so that the
  * compiler can neither read the field again nor tear the read. */
 #define CXR__LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
-int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s);
-int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s);
+/* The range check of _copy_in: 0 when r is NULL (a plain _copy), when count is 0, or when
+ * count elements of elem bytes at p lie inside r, p aligned to align; else CXR_EBADPTR.
+ * The helpers below take the same r (NULL: no check) for each block they read. */
+int cxr__cp_in(const cxr_range *r, const void *p, uint64_t count, size_t elem, size_t align);
+int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s, const cxr_range *r);
+int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s, const cxr_range *r);
 void *cxr__cp_mem(cxr_heap *to, const void *src, size_t n);
 /* count elements of elem bytes from src into `to`; NULL when out of memory or when
  * count * elem overflows (the count is a peer's value, whatever the validator saw). */
 void *cxr__cp_array(cxr_heap *to, const void *src, uint64_t count, size_t elem);
-int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s);
-int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s);
+int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, const cxr_range *r);
+int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, const cxr_range *r);
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a);
 void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a);
 bool cxr__eq_mem(const void *a, uint64_t alen, const void *b, uint64_t blen);
@@ -198,7 +203,8 @@ int cxr__rg_bytess(cxr_ranges *r, const cxr_vec_bytes *a);
 /* Where an argument graph must lie: the connection heap, or, when the caller stated the
  * argument's extent (cxr_call_arg_len: a sealed call does), [args, args + len). */
 cxr_range cxr__call_arg_extent(cxr_call *call, const void *args);
-/* l if it has any non-zero limit, else the defaults written into tmp. */
+/* l if none of its limits is zero, else tmp: l's non-zero limits, the defaults for the rest
+ * (l NULL: all defaults). */
 const cxr_limits *cxr__limits(const cxr_limits *l, cxr_limits *tmp);
 /* A message's internal ranges walk (pkg_M__rin). */
 typedef int (*cxr__rinfn)(const void *p, cxr_ranges *r, unsigned depth);

@@ -2,8 +2,11 @@
 #include "examples/docstore/json.h"
 
 #include <ctype.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cxrpc/sandbox.h>
 
 typedef struct parser {
   cxr_heap *h;
@@ -203,29 +206,42 @@ const docstore_Value *json_at(const docstore_Value *v, const char *path, size_t 
   return v;
 }
 
-bool json_count_within(const docstore_Value *v, uint64_t max, unsigned depth, uint64_t *n) {
-  if (v == NULL) return true;
-  if (*n >= max) return false;
+/* Each block is checked against r before it is read, at the address and count read once:
+ * a pointer swapped after validation may point anywhere the server maps. */
+int json_count_within(const docstore_Value *v, const cxr_range *r, uint64_t max, unsigned depth,
+                      uint64_t *n) {
+  if (v == NULL) return 0;
+  if (cxr_range_check(r, v, sizeof *v, _Alignof(docstore_Value))) return CXR_EBADPTR;
+  if (*n >= max) return CXR_EINVAL;
   ++*n;
   uint32_t kind = CXR__LOAD(&v->kind_case);
+  int rc = 0;
   if (kind == 5) {
     const docstore_Object *o = CXR__LOAD(&v->kind.object);
-    if (o == NULL) return true;
-    if (depth == 0) return false;
+    if (o == NULL) return 0;
+    if (depth == 0) return CXR_EINVAL;
+    if (cxr_range_check(r, o, sizeof *o, _Alignof(docstore_Object))) return CXR_EBADPTR;
     uint64_t count = CXR__LOAD(&o->members.count);
     const docstore_Member *m = CXR__LOAD(&o->members.items);
-    for (uint64_t i = 0; i < count; i++)
-      if (!json_count_within(CXR__LOAD(&m[i].value), max, depth - 1, n)) return false;
+    if (count && (count > SIZE_MAX / sizeof *m ||
+                  cxr_range_check(r, m, count * sizeof *m, _Alignof(docstore_Member))))
+      return CXR_EBADPTR;
+    for (uint64_t i = 0; i < count && !rc; i++)
+      rc = json_count_within(CXR__LOAD(&m[i].value), r, max, depth - 1, n);
   } else if (kind == 6) {
     const docstore_Array *a = CXR__LOAD(&v->kind.array);
-    if (a == NULL) return true;
-    if (depth == 0) return false;
+    if (a == NULL) return 0;
+    if (depth == 0) return CXR_EINVAL;
+    if (cxr_range_check(r, a, sizeof *a, _Alignof(docstore_Array))) return CXR_EBADPTR;
     uint64_t count = CXR__LOAD(&a->items.count);
     const docstore_Value *items = CXR__LOAD(&a->items.items);
-    for (uint64_t i = 0; i < count; i++)
-      if (!json_count_within(&items[i], max, depth - 1, n)) return false;
+    if (count && (count > SIZE_MAX / sizeof *items ||
+                  cxr_range_check(r, items, count * sizeof *items, _Alignof(docstore_Value))))
+      return CXR_EBADPTR;
+    for (uint64_t i = 0; i < count && !rc; i++)
+      rc = json_count_within(&items[i], r, max, depth - 1, n);
   }
-  return true;
+  return rc;
 }
 
 uint64_t json_count(const docstore_Value *v) {

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cxrpc/sandbox.h>
+
 #include "examples/docstore/docstore.cxr.h"
 #include "examples/docstore/json.h"
 
@@ -22,6 +24,27 @@ typedef struct store {
   size_t n;
 } store;
 
+/* A request string in the handler's own memory (malloc'd, NUL-terminated; *out freed by the
+ * caller). The client can rewrite its graph during the call, so the pointer and length are
+ * read once, must still lie inside the call's argument range and the validator's length
+ * limit, and are copied before the store's lock is taken: a pointer swapped since then can
+ * neither read the server's memory nor fault while the lock is held (cxr_sandbox_run would
+ * abandon the handler with s->mu locked, and every later call would hang). */
+static int take_str(cxr_call *call, const cxr_str *s, cxr_str *out) {
+  const char *p = CXR__LOAD(&s->ptr);
+  uint64_t len = CXR__LOAD(&s->len);
+  cxr_range r = cxr_call_arg_range(call);
+  cxr_limits lim;
+  cxr_limits_init(&lim);  /* what the skeleton validated with (the server sets no limits) */
+  if (len > lim.max_len || (len && cxr_range_check(&r, p, len, 1))) return CXR_EBADPTR;
+  char *d = malloc(len + 1);
+  if (!d) return CXR_ENOMEM;
+  if (len) memcpy(d, p, len);
+  d[len] = 0;
+  *out = (cxr_str){d, len};
+  return 0;
+}
+
 static long find(store *s, cxr_str id) {
   for (size_t i = 0; i < s->n; i++)
     if (s->docs[i]->id.len == id.len && memcmp(s->docs[i]->id.ptr, id.ptr, id.len) == 0)
@@ -32,10 +55,19 @@ static long find(store *s, cxr_str id) {
 static int on_put(cxr_call *call, const docstore_PutRequest *rq, docstore_PutReply **rs,
                   void *user) {
   store *s = user;
-  if (!rq->doc || rq->doc->id.len == 0) return CXR_EINVAL;
+  const docstore_Document *doc = CXR__LOAD(&rq->doc);
+  if (!doc) return CXR_EINVAL;
   docstore_Document *copy = NULL;
-  int rc = docstore_Document_copy(s->heap, rq->doc, &copy);
+  /* The document may have changed since validation: every pointer the copy follows must
+   * still lie in the connection heap, or another client's documents (in s->heap) could be
+   * copied into this one. The id is checked on the copy, which the client cannot change. */
+  cxr_range ar = cxr_call_arg_range(call);
+  int rc = docstore_Document_copy_in(s->heap, doc, &ar, &copy);
   if (rc) return rc;
+  if (copy->id.len == 0) {
+    docstore_Document_free(s->heap, copy);
+    return CXR_EINVAL;
+  }
   cxr_ranges rg;
   cxr_ranges_init(&rg);
   docstore_Document_ranges(copy, &rg);
@@ -47,6 +79,8 @@ static int on_put(cxr_call *call, const docstore_PutRequest *rq, docstore_PutRep
     docstore_Document_free(s->heap, copy);
     return CXR_ENOMEM;
   }
+  /* Counted before the copy is stored: once it is, another Put of the same id may free it. */
+  uint64_t nodes = json_count(copy->root);
   pthread_mutex_lock(&s->mu);
   long i = find(s, copy->id);
   if (i < 0 && s->n == MAX_DOCS) {
@@ -58,9 +92,10 @@ static int on_put(cxr_call *call, const docstore_PutRequest *rq, docstore_PutRep
   if (i < 0) i = (long)s->n++, s->versions[i] = 0;
   else docstore_Document_free(s->heap, s->docs[i]);
   s->docs[i] = copy;
-  r->version = ++s->versions[i];
+  uint64_t version = ++s->versions[i];
   pthread_mutex_unlock(&s->mu);
-  r->nodes = json_count(copy->root);
+  r->version = version;  /* r is in the client's heap: written outside the lock */
+  r->nodes = nodes;
   r->bytes = bytes;
   *rs = r;
   return 0;
@@ -70,17 +105,29 @@ static int on_get(cxr_call *call, const docstore_GetRequest *rq, docstore_GetRep
                   void *user) {
   store *s = user;
   cxr_heap *out = cxr_call_heap(call);
-  docstore_GetReply *r = docstore_GetReply_new(out);
-  if (!r) return CXR_ENOMEM;
-  int rc = 0;
+  cxr_str id = {NULL, 0}, path = {NULL, 0};
+  int rc = take_str(call, &rq->id, &id);
+  if (rc || (rc = take_str(call, &rq->path, &path))) {
+    free((void *)id.ptr);
+    return rc;
+  }
+  /* Nothing of the client's is touched under the lock, its heap included (the client could
+   * hold that heap's lock): the value is copied into the store's heap, then out after. */
+  docstore_Value *v = NULL;
   pthread_mutex_lock(&s->mu);
-  long i = find(s, rq->id);
-  const docstore_Value *v = i < 0 ? NULL : json_at(s->docs[i]->root, rq->path.ptr, rq->path.len);
-  if (v) {
+  long i = find(s, id);
+  const docstore_Value *at = i < 0 ? NULL : json_at(s->docs[i]->root, path.ptr, path.len);
+  if (at) rc = docstore_Value_copy(s->heap, at, &v);
+  pthread_mutex_unlock(&s->mu);
+  free((void *)id.ptr);
+  free((void *)path.ptr);
+  docstore_GetReply *r = rc ? NULL : docstore_GetReply_new(out);
+  if (!rc && !r) rc = CXR_ENOMEM;
+  if (!rc && v) {
     r->found = true;
     rc = docstore_Value_copy(out, v, &r->value);  /* the answer goes into the client's heap */
   }
-  pthread_mutex_unlock(&s->mu);
+  docstore_Value_free(s->heap, v);
   if (rc) {
     docstore_GetReply_free(out, r);
     return rc;
@@ -93,21 +140,33 @@ static int on_query(cxr_call *call, const docstore_QueryRequest *rq, docstore_Qu
                     void *user) {
   store *s = user;
   cxr_heap *out = cxr_call_heap(call);
-  docstore_QueryReply *r = docstore_QueryReply_new(out);
-  if (!r) return CXR_ENOMEM;
-  int rc = 0;
-  pthread_mutex_lock(&s->mu);
-  size_t hits[MAX_DOCS], n = 0;
-  for (size_t i = 0; i < s->n; i++) {
-    const docstore_Value *v = json_at(s->docs[i]->root, rq->path.ptr, rq->path.len);
-    if (v && v->kind_case == 4 && v->kind.text.len == rq->equals.len &&
-        memcmp(v->kind.text.ptr, rq->equals.ptr, rq->equals.len) == 0)
-      hits[n++] = i;
+  cxr_str path = {NULL, 0}, eq = {NULL, 0};
+  int rc = take_str(call, &rq->path, &path);
+  if (rc || (rc = take_str(call, &rq->equals, &eq))) {
+    free((void *)path.ptr);
+    return rc;
   }
-  if (n && !CXR_VEC_ALLOC(out, r->ids, n)) rc = CXR_ENOMEM;
-  for (size_t k = 0; !rc && k < n; k++)
-    rc = cxr_str_set(out, &r->ids.items[k], s->docs[hits[k]]->id.ptr, s->docs[hits[k]]->id.len);
+  /* As in on_get: the matching ids are copied into the store's heap under the lock, into the
+   * client's heap after it. */
+  cxr_str ids[MAX_DOCS];
+  size_t n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (size_t i = 0; !rc && i < s->n; i++) {
+    const docstore_Value *v = json_at(s->docs[i]->root, path.ptr, path.len);
+    if (v && v->kind_case == 4 && v->kind.text.len == eq.len &&
+        memcmp(v->kind.text.ptr, eq.ptr, eq.len) == 0)
+      rc = cxr_str_set(s->heap, &ids[n++], s->docs[i]->id.ptr, s->docs[i]->id.len);
+  }
   pthread_mutex_unlock(&s->mu);
+  free((void *)path.ptr);
+  free((void *)eq.ptr);
+  if (rc) n--;  /* the last one failed: nothing to free there */
+  docstore_QueryReply *r = rc ? NULL : docstore_QueryReply_new(out);
+  if (!rc && !r) rc = CXR_ENOMEM;
+  if (!rc && n && !CXR_VEC_ALLOC(out, r->ids, n)) rc = CXR_ENOMEM;
+  for (size_t k = 0; !rc && k < n; k++)
+    rc = cxr_str_set(out, &r->ids.items[k], ids[k].ptr, ids[k].len);
+  for (size_t k = 0; k < n; k++) cxr_heap_free(s->heap, (void *)ids[k].ptr);
   if (rc) {
     docstore_QueryReply_free(out, r);
     return rc;
@@ -123,11 +182,14 @@ static int on_count(cxr_call *call, const docstore_Document *rq, docstore_PutRep
   if (!r) return CXR_ENOMEM;
   /* The client's tree, read where it lies: validated, but the client can still change it
    * (a pointer swapped after validation can make a small graph a tree of 2^50 values), so
-   * the count is bounded as validation is (its default node and depth limits). */
+   * the count is bounded as validation is (its default node and depth limits), and each
+   * pointer it follows must still lie in the connection heap. */
   uint64_t n = 0;
-  if (!json_count_within(rq->root, 1u << 20, 64, &n)) {
+  cxr_range ar = cxr_call_arg_range(call);
+  int rc = json_count_within(CXR__LOAD(&rq->root), &ar, 1u << 20, 64, &n);
+  if (rc) {
     docstore_PutReply_free(cxr_call_heap(call), r);
-    return CXR_EINVAL;
+    return rc;
   }
   r->nodes = n;
   *rs = r;

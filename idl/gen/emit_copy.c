@@ -10,23 +10,27 @@ static bool is_float(const gm_field *x) { return x->kind == GK_FLOAT || x->kind 
  * The source may be shared memory its writer still changes: each count, case and pointer of
  * it is read once (CXR__LOAD) into a local that sizes, fills and branches, and each block is
  * written through the local that received it, never through the destination read back (a
- * copy can go to a peer's heap too). */
+ * copy can go to a peer's heap too). With a range r (_copy_in), each block is checked to lie
+ * inside r at that one read before anything reads it (cxr__cp_in; r NULL for _copy). */
 
 static void copy_value(gen_buf *c, const gm_field *x, const char *d, const char *s,
                        const char *ind) {
   switch (x->kind) {
     case GK_STRING:
-      gb_printf(c, "%sif ((rc = cxr__cp_str(to, &%s, &%s))) return rc;\n", ind, d, s);
+      gb_printf(c, "%sif ((rc = cxr__cp_str(to, &%s, &%s, r))) return rc;\n", ind, d, s);
       break;
     case GK_BYTES:
-      gb_printf(c, "%sif ((rc = cxr__cp_bytes(to, &%s, &%s))) return rc;\n", ind, d, s);
+      gb_printf(c, "%sif ((rc = cxr__cp_bytes(to, &%s, &%s, r))) return rc;\n", ind, d, s);
       break;
     case GK_MESSAGE: {
       const char *m = x->msg->cname;
       gb_printf(c, "%s{\n%s  const %s *src_msg = CXR__LOAD(&%s);\n", ind, ind, m, s);
-      gb_printf(c, "%s  if (src_msg) {\n%s    %s *dst_msg = %s_new(to);\n", ind, ind, m, m);
+      gb_printf(c, "%s  if (src_msg) {\n", ind);
+      gb_printf(c, "%s    if (cxr__cp_in(r, src_msg, 1, sizeof *src_msg, _Alignof(%s)))\n"
+                   "%s      return CXR_EBADPTR;\n", ind, m, ind);
+      gb_printf(c, "%s    %s *dst_msg = %s_new(to);\n", ind, m, m);
       gb_printf(c, "%s    if (!dst_msg) return CXR_ENOMEM;\n%s    %s = dst_msg;\n", ind, ind, d);
-      gb_printf(c, "%s    if ((rc = %s__cin(to, src_msg, dst_msg, depth + 1))) return rc;\n",
+      gb_printf(c, "%s    if ((rc = %s__cin(to, src_msg, dst_msg, r, depth + 1))) return rc;\n",
                 ind, m);
       gb_printf(c, "%s  }\n%s}\n", ind, ind);
       break;
@@ -40,27 +44,32 @@ static void copy_repeated(gen_buf *c, const gm_field *x) {
   const char *n = x->cname;
   switch (x->kind) {
     case GK_STRING:
-      gb_printf(c, "  if ((rc = cxr__cp_strs(to, &d->%s, &s->%s))) return rc;\n", n, n);
+      gb_printf(c, "  if ((rc = cxr__cp_strs(to, &d->%s, &s->%s, r))) return rc;\n", n, n);
       break;
     case GK_BYTES:
-      gb_printf(c, "  if ((rc = cxr__cp_bytess(to, &d->%s, &s->%s))) return rc;\n", n, n);
+      gb_printf(c, "  if ((rc = cxr__cp_bytess(to, &d->%s, &s->%s, r))) return rc;\n", n, n);
       break;
     case GK_MESSAGE: {
       const char *m = x->msg->cname;
       gb_printf(c, "  {\n    const %s *src_items = CXR__LOAD(&s->%s.items);\n", m, n);
       gb_printf(c, "    uint64_t src_count = CXR__LOAD(&s->%s.count);\n    if (src_count) {\n", n);
+      gb_printf(c, "      if (cxr__cp_in(r, src_items, src_count, sizeof *src_items,\n"
+                   "                     _Alignof(%s)))\n        return CXR_EBADPTR;\n", m);
       gb_printf(c, "      %s *dst_items = (%s *)cxr_vec_alloc(to, sizeof *dst_items, src_count);\n",
                 m, m);
       gb_printf(c, "      if (!dst_items) return CXR_ENOMEM;\n      d->%s.items = dst_items;\n", n);
       gb_printf(c, "      d->%s.count = src_count;\n", n);
       gb_printf(c, "      for (uint64_t i = 0; i < src_count; i++)\n"
-                   "        if ((rc = %s__cin(to, &src_items[i], &dst_items[i], depth + 1))) "
+                   "        if ((rc = %s__cin(to, &src_items[i], &dst_items[i], r, depth + 1))) "
                    "return rc;\n    }\n  }\n", m);
       break;
     }
     default:
       gb_printf(c, "  {\n    const void *src_items = CXR__LOAD(&s->%s.items);\n", n);
       gb_printf(c, "    uint64_t src_count = CXR__LOAD(&s->%s.count);\n    if (src_count) {\n", n);
+      gb_printf(c, "      if (cxr__cp_in(r, src_items, src_count, sizeof *d->%s.items,\n"
+                   "                     _Alignof(__typeof__(*d->%s.items))))\n"
+                   "        return CXR_EBADPTR;\n", n, n);
       gb_printf(c, "      void *dst_items = cxr__cp_array(to, src_items, src_count, "
                    "sizeof *d->%s.items);\n", n);
       gb_printf(c, "      if (!dst_items) return CXR_ENOMEM;\n      d->%s.items = dst_items;\n", n);
@@ -253,6 +262,9 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
             "graph):\n"
             " * _copy: deep copy into heap `to` (*out owned by the caller; on error nothing is "
             "left).\n"
+            " * _copy_in: the same, from a graph its writer may still change (a validated, "
+            "unsealed\n *        argument): CXR_EBADPTR when a pointer, with the count or "
+            "length read with it,\n *        lies outside r (cxr_call_arg_range).\n"
             " * _free: frees m and everything it points to, all allocated in h (by _new, "
             "cxr_str_set,\n *        CXR_VEC_ALLOC, _copy or _from_pb).\n"
             " * _equal: same content (presence, oneof cases, values; -0 == 0, NaN == NaN).\n"
@@ -260,6 +272,8 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
   for (size_t i = 0; i < f->nmsgs; i++) {
     const char *n = f->msgs[i]->cname;
     gb_printf(h, "int %s_copy(cxr_heap *to, const %s *m, %s **out);\n", n, n, n);
+    gb_printf(h, "int %s_copy_in(cxr_heap *to, const %s *m, const cxr_range *r, %s **out);\n", n,
+              n, n);
     gb_printf(h, "void %s_free(cxr_heap *h, %s *m);\n", n, n);
     gb_printf(h,
               "/* Gives back a call's result m of connection c: %s_free on the connection heap "
@@ -271,7 +285,8 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
   gb_printf(h, "/* internal */\n");
   for (size_t i = 0; i < f->nmsgs; i++) {
     const char *n = f->msgs[i]->cname;
-    gb_printf(h, "int %s__cin(cxr_heap *to, const void *src, void *dst, unsigned depth);\n", n);
+    gb_printf(h, "int %s__cin(cxr_heap *to, const void *src, void *dst, const cxr_range *r,\n"
+                 "    unsigned depth);\n", n);
     gb_printf(h, "void %s__fin(cxr_heap *h, void *p);\n", n);
     gb_printf(h, "bool %s__eq(const void *pa, const void *pb);\n", n);
     gb_printf(h, "int %s__rin(const void *p, cxr_ranges *r, unsigned depth);\n", n);
@@ -279,10 +294,12 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
   for (size_t i = 0; i < f->nmsgs; i++) {
     const gm_msg *g = f->msgs[i];
     const char *n = g->cname;
-    gb_printf(c, "\nint %s__cin(cxr_heap *to, const void *src, void *dst, unsigned depth) {\n", n);
+    gb_printf(c, "\nint %s__cin(cxr_heap *to, const void *src, void *dst, const cxr_range *r,\n"
+                 "    unsigned depth) {\n", n);
     gb_printf(c, "  const %s *s = (const %s *)src;\n  %s *d = (%s *)dst;\n  int rc = 0;\n", n, n,
               n, n);
-    gb_printf(c, "  (void)to, (void)s, (void)d;\n  if (depth > CXR__MAX_DEPTH) return CXR_EPROTO;\n");
+    gb_printf(c, "  (void)to, (void)s, (void)d, (void)r;\n"
+                 "  if (depth > CXR__MAX_DEPTH) return CXR_EPROTO;\n");
     walk_fields(c, W_COPY, g);
     gb_printf(c, "  return rc;\n}\n");
 
@@ -307,9 +324,18 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
               "\nint %s_copy(cxr_heap *to, const %s *m, %s **out) {\n"
               "  if (!to || !m || !out) return CXR_EINVAL;\n"
               "  %s *d = %s_new(to);\n  if (!d) return CXR_ENOMEM;\n"
-              "  int rc = %s__cin(to, m, d, 0);\n"
+              "  int rc = %s__cin(to, m, d, NULL, 0);\n"
               "  if (rc) {\n    %s_free(to, d);\n    return rc;\n  }\n  *out = d;\n  return 0;\n}\n",
               n, n, n, n, n, n, n);
+    gb_printf(c,
+              "\nint %s_copy_in(cxr_heap *to, const %s *m, const cxr_range *r, %s **out) {\n"
+              "  if (!to || !m || !r || !out) return CXR_EINVAL;\n"
+              "  if (cxr__cp_in(r, m, 1, sizeof *m, _Alignof(%s))) return CXR_EBADPTR;\n"
+              "  %s *d = %s_new(to);\n  if (!d) return CXR_ENOMEM;\n"
+              "  int rc = %s__cin(to, m, d, r, 0);\n"
+              "  if (rc) {\n    %s_free(to, d);\n    return rc;\n  }\n"
+              "  *out = d;\n  return 0;\n}\n",
+              n, n, n, n, n, n, n, n);
     gb_printf(c,
               "\nvoid %s_free(cxr_heap *h, %s *m) {\n  if (!h || !m) return;\n"
               "  %s__fin(h, m);\n  cxr_heap_free(h, m);\n}\n",

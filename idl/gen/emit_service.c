@@ -91,7 +91,7 @@ void emit_service(gen_buf *h, gen_buf *c, const gm_file *f) {
     gb_printf(h, "} %s_handlers;\n", sn);
     gb_printf(h,
               "/* Caller-owned, must outlive the channel. limits: for validating arguments of "
-              "untrusted\n * peers (all zero: cxr_limits_init defaults). */\n"
+              "untrusted\n * peers (a field left zero: its cxr_limits_init default). */\n"
               "typedef struct %s_server {\n  %s_handlers handlers;\n  void *user;\n"
               "  cxr_limits limits;\n} %s_server;\n",
               sn, sn, sn);

@@ -112,8 +112,9 @@ static void emit_vin(gen_buf *c, const gm_msg *g) {
 void emit_validate(gen_buf *h, gen_buf *c, const gm_file *f) {
   if (!f->nmsgs) return;
   gb_printf(h,
-            "\n/* Validators: 0 when the graph at m lies inside r and respects lim (NULL: "
-            "defaults,\n * see cxr_limits_init); else CXR_EBADPTR or CXR_EPROTO, with "
+            "\n/* Validators: 0 when the graph at m lies inside r and respects lim (NULL, or "
+            "a zero field:\n * defaults, see cxr_limits_init); else CXR_EBADPTR or CXR_EPROTO, "
+            "with "
             "cxr_invalid_reason().\n * Run them on memory the peer can no longer change "
             "(sealed), or the check can race. */\n");
   for (size_t i = 0; i < f->nmsgs; i++) {

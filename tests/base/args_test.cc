@@ -606,19 +606,19 @@ TEST_F(Args, IdlInternalArgs) {
   EXPECT_NULL_WITH(cxr__cp_mem(nullptr, mem, 8), CXR_EINVAL);
   cxr_str d;
   cxr_str src = {"abc", 3};
-  EXPECT_EQ(cxr__cp_str(nullptr, &d, &src), CXR_EINVAL);
+  EXPECT_EQ(cxr__cp_str(nullptr, &d, &src, nullptr), CXR_EINVAL);
   cxr_bytes db, sb = {(const uint8_t *)"abc", 3};
-  EXPECT_EQ(cxr__cp_bytes(nullptr, &db, &sb), CXR_EINVAL);
+  EXPECT_EQ(cxr__cp_bytes(nullptr, &db, &sb, nullptr), CXR_EINVAL);
   // Arrays into no heap: CXR_ENOMEM, the allocator's CXR_EINVAL in cxr_last_error.
   cxr_str one_s[1] = {{"abc", 3}};
   cxr_bytes one_b[1] = {{(const uint8_t *)"abc", 3}};
   cxr_vec_str vs1 = {one_s, 1}, vsd;
   cxr_vec_bytes vb1 = {one_b, 1}, vbd;
   cxr__set_error(0);
-  EXPECT_EQ(cxr__cp_strs(nullptr, &vsd, &vs1), CXR_ENOMEM);
+  EXPECT_EQ(cxr__cp_strs(nullptr, &vsd, &vs1, nullptr), CXR_ENOMEM);
   EXPECT_EQ(cxr_last_error(), CXR_EINVAL);
   cxr__set_error(0);
-  EXPECT_EQ(cxr__cp_bytess(nullptr, &vbd, &vb1), CXR_ENOMEM);
+  EXPECT_EQ(cxr__cp_bytess(nullptr, &vbd, &vb1, nullptr), CXR_ENOMEM);
   EXPECT_EQ(cxr_last_error(), CXR_EINVAL);
   cxr_vec_str vs = {nullptr, 0};
   cxr_vec_bytes vb0 = {nullptr, 0};

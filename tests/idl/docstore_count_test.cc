@@ -4,6 +4,7 @@
 // client that swapped the root after validation kept a worker busy for good).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "examples/docstore/json.h"
@@ -28,8 +29,9 @@ TEST(DocstoreCount, SharedSubtreesAreCountedWithinTheBounds) {
     v->kind.object = o;
     next = v;
   }
+  cxr_range r = {cxr_heap_base(h), cxr_heap_size(h)};
   uint64_t n = 0;
-  EXPECT_FALSE(json_count_within(next, 1u << 20, 64, &n));
+  EXPECT_EQ(json_count_within(next, &r, 1u << 20, 64, &n), CXR_EINVAL);
   EXPECT_LE(n, (uint64_t)1 << 20);
   // A tree within the bounds counts as the unbounded count does; depth is bounded too.
   char err[64];
@@ -37,12 +39,66 @@ TEST(DocstoreCount, SharedSubtreesAreCountedWithinTheBounds) {
                                  sizeof err);
   ASSERT_NE(t, nullptr) << err;
   n = 0;
-  EXPECT_TRUE(json_count_within(t, 1u << 20, 64, &n));
+  EXPECT_EQ(json_count_within(t, &r, 1u << 20, 64, &n), 0);
   EXPECT_EQ(n, json_count(t));
   n = 0;
-  EXPECT_FALSE(json_count_within(t, 1u << 20, 1, &n));
+  EXPECT_EQ(json_count_within(t, &r, 1u << 20, 1, &n), CXR_EINVAL);
   cxr_heap_close(h);
   cxr_heap_unlink("docstore-count");
+}
+
+// A pointer the client swapped after validation to memory outside the call's argument range
+// (here: this process's own memory, as the server's store heap would be): the count refuses
+// it before reading there, where it followed it (and counted what it found) before.
+TEST(DocstoreCount, PointersOutsideTheRangeAreRefused) {
+  cxrt::setup_root("docstore-count-range");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, "docstore-count-range", 1 << 20, nullptr), 0);
+  cxr_range r = {cxr_heap_base(h), cxr_heap_size(h)};
+  char err[64];
+  docstore_Value *t = json_parse(h, "{\"a\": [1, 2], \"b\": {\"c\": \"d\"}}", err, sizeof err);
+  ASSERT_NE(t, nullptr) << err;
+  uint64_t n = 0;
+  ASSERT_EQ(json_count_within(t, &r, 1u << 20, 64, &n), 0);
+  ASSERT_EQ(n, 6u);
+  // Private memory: a value, an object, an array and an array's items, each reached in turn.
+  static docstore_Value outside_value[2];
+  static docstore_Object outside_object;
+  static docstore_Array outside_array;
+  outside_value[0].kind_case = 3;
+  docstore_Member *m = t->kind.object->members.items;  // "a", then "b"
+  docstore_Value *a = m[0].value, *b = m[1].value;
+  struct Case {
+    const char *what;
+    std::function<void()> swap, restore;
+  };
+  docstore_Array *keep_array = a->kind.array;
+  docstore_Object *keep_object = b->kind.object;
+  docstore_Value *keep_items = keep_array->items.items;
+  Case cases[] = {
+      {"a member's value", [&] { m[1].value = &outside_value[0]; }, [&] { m[1].value = b; }},
+      {"an object", [&] { b->kind.object = &outside_object; },
+       [&] { b->kind.object = keep_object; }},
+      {"an array", [&] { a->kind.array = &outside_array; }, [&] { a->kind.array = keep_array; }},
+      {"an array's items", [&] { keep_array->items.items = outside_value; },
+       [&] { keep_array->items.items = keep_items; }},
+  };
+  for (const Case &c : cases) {
+    c.swap();
+    n = 0;
+    EXPECT_EQ(json_count_within(t, &r, 1u << 20, 64, &n), CXR_EBADPTR) << c.what;
+    c.restore();
+  }
+  // Items that start inside the range but whose count runs past its end.
+  keep_array->items.items = (docstore_Value *)((char *)r.p + r.len) - 1;
+  n = 0;
+  EXPECT_EQ(json_count_within(t, &r, 1u << 20, 64, &n), CXR_EBADPTR);
+  keep_array->items.items = keep_items;
+  n = 0;
+  EXPECT_EQ(json_count_within(t, &r, 1u << 20, 64, &n), 0);
+  EXPECT_EQ(n, 6u);
+  cxr_heap_close(h);
+  cxr_heap_unlink("docstore-count-range");
 }
 
 }  // namespace

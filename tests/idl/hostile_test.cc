@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -147,6 +148,102 @@ TEST_F(Hostile, CopyOfASourceRewrittenMeanwhileIsSelfConsistent) {
   EXPECT_EQ(st.used, st0.used) << "blocks left behind after " << copies << " copies";
   // Not vacuous: the peer ran during some copies (on two busy CPUs, a few hundred in 10 s).
   EXPECT_GE(raced, 100) << "the peer hardly ran during the " << copies << " copies";
+}
+
+// _copy_in: a source whose pointers the peer swaps after validation to memory outside the
+// argument range (here this process's own memory; in examples/docstore, the server's store
+// heap with other clients' documents) is refused, not copied from, and leaves nothing
+// behind. _copy followed such pointers: the copy held the bytes found there.
+TEST_F(Hostile, CopyInRefusesPointersOutsideTheRange) {
+  Ev *s = racing_source(src);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(CXR_VEC_ALLOC(src, s->r_string, 2));
+  ASSERT_EQ(cxr_str_setz(src, &s->r_string.items[1], "two"), 0);
+  const cxr_range r = {cxr_heap_base(src), cxr_heap_size(src)};
+  Ev *c = nullptr;
+  ASSERT_EQ(cxrtest_Everything_copy_in(dst, s, &r, &c), 0);
+  EXPECT_TRUE(cxrtest_Everything_equal(s, c));
+  cxrtest_Everything_free(dst, c);
+  cxr_heap_stats st0;
+  ASSERT_EQ(cxr_heap_stats(dst, &st0), 0);
+
+  static const char secret[] = "SECRET!";  // as long as "hostile"
+  static cxrtest_Leaf outside_leaves[kLong];
+  static int64_t outside_ints[kLong];
+  static cxr_str outside_strs[2];
+  static Ev outside_root;
+  const char *name = s->name.ptr;
+  cxrtest_Leaf *must = s->must, *leaves = s->r_leaf.items;
+  int64_t *ints = s->r_int64.items;
+  cxr_str *strs = s->r_string.items;
+  const char *two = strs[1].ptr;
+  char *end = (char *)r.p + r.len;
+  struct Swap {
+    const char *what;
+    std::function<void()> swap, restore;
+  } swaps[] = {
+      {"a string", [&] { s->name.ptr = secret; }, [&] { s->name.ptr = name; }},
+      {"a string running past the end", [&] { s->name.ptr = end - 3; },
+       [&] { s->name.ptr = name; }},
+      {"a message", [&] { s->must = &outside_leaves[0]; }, [&] { s->must = must; }},
+      {"a misaligned message", [&] { s->must = (cxrtest_Leaf *)((char *)must + 1); },
+       [&] { s->must = must; }},
+      {"a message array", [&] { s->r_leaf.items = outside_leaves; },
+       [&] { s->r_leaf.items = leaves; }},
+      {"a scalar array", [&] { s->r_int64.items = outside_ints; },
+       [&] { s->r_int64.items = ints; }},
+      {"a scalar array running past the end",
+       [&] { s->r_int64.items = (int64_t *)end - 1; }, [&] { s->r_int64.items = ints; }},
+      {"a string array", [&] { s->r_string.items = outside_strs; },
+       [&] { s->r_string.items = strs; }},
+      {"a string in an array", [&] { strs[1].ptr = secret; }, [&] { strs[1].ptr = two; }},
+  };
+  for (const Swap &w : swaps) {
+    w.swap();
+    c = nullptr;
+    EXPECT_EQ(cxrtest_Everything_copy_in(dst, s, &r, &c), CXR_EBADPTR) << w.what;
+    EXPECT_EQ(c, nullptr) << w.what;
+    w.restore();
+  }
+  EXPECT_EQ(cxrtest_Everything_copy_in(dst, &outside_root, &r, &c), CXR_EBADPTR) << "the root";
+  cxr_heap_stats st;
+  ASSERT_EQ(cxr_heap_stats(dst, &st), 0);
+  EXPECT_EQ(st.used, st0.used) << "the refused copies left blocks behind";
+
+  // The peer flips the name between its own bytes and the secret during the copies: each
+  // copy holds the peer's bytes or is refused, never the secret.
+  int copies = 0, raced = 0, refused = 0, leaked = 0;
+  {
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> flips{0};
+    std::thread peer([&] {
+      for (uint64_t k = 0; !stop.load(std::memory_order_relaxed); k++) {
+        __atomic_store_n(&s->name.ptr, k & 1 ? secret : name, __ATOMIC_RELAXED);
+        flips.store(k + 1, std::memory_order_relaxed);
+      }
+    });
+    const auto deadline = std::chrono::steady_clock::now() + kRaceFor;
+    for (; raced < kRaced && std::chrono::steady_clock::now() < deadline; copies++) {
+      uint64_t f0 = flips.load(std::memory_order_relaxed);
+      c = nullptr;
+      int rc = cxrtest_Everything_copy_in(dst, s, &r, &c);
+      raced += flips.load(std::memory_order_relaxed) != f0;
+      if (rc == CXR_EBADPTR) {
+        refused++;
+        continue;
+      }
+      ASSERT_EQ(rc, 0);
+      leaked += c->name.len != 7 || memcmp(c->name.ptr, "hostile", 7) != 0;
+      cxrtest_Everything_free(dst, c);
+    }
+    stop = true;
+    peer.join();
+  }
+  EXPECT_EQ(leaked, 0) << "copies holding bytes from outside the range, of " << raced;
+  EXPECT_GT(refused, 0) << "no copy read the swapped pointer, of " << copies;
+  EXPECT_GE(raced, 100) << "the peer hardly ran during the " << copies << " copies";
+  ASSERT_EQ(cxr_heap_stats(dst, &st), 0);
+  EXPECT_EQ(st.used, st0.used) << "blocks left behind after " << copies << " copies";
 }
 
 // _to_pb the same way: it allocated a repeated field's array by one read of the count, set

@@ -426,6 +426,37 @@ TEST_F(Msg, ValidatorBoundsDepthAndNodes) {
   EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_DEPTH);
 }
 
+// A limit left zero takes its default, the ones set apply: setting max_len alone left
+// max_nodes and max_depth 0, and every graph was refused (no node fits in 0).
+TEST_F(Msg, ZeroLimitsTakeTheirDefaults) {
+  Ev *m = random_ev(11);
+  m->inner = nullptr;
+  cxr_range r = range(h);
+  cxr_limits only = {0, 0, 1u << 20};
+  EXPECT_EQ(cxrtest_Everything_validate(m, &r, &only), 0)
+      << cxr_invalid_str(cxr_invalid_reason());
+  m->has_f_string = true;
+  set_str(&m->f_string, "0123456789");
+  only.max_len = 5;
+  EXPECT_EQ(cxrtest_Everything_validate(m, &r, &only), CXR_EBADPTR);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_LENGTH);
+  m->has_f_string = false;
+  m->f_string = cxr_str{nullptr, 0};
+  // max_depth alone, deeper than the default (64); then max_nodes alone.
+  m->inner = cxrtest_Everything_Inner_new(h);
+  cxrtest_Everything_Inner *in = m->inner;
+  for (int i = 0; i < 100; i++) in = in->child = cxrtest_Everything_Inner_new(h);
+  only = cxr_limits{200, 0, 0};
+  EXPECT_EQ(cxrtest_Everything_validate(m, &r, &only), 0)
+      << cxr_invalid_str(cxr_invalid_reason());
+  only = cxr_limits{0, 50, 0};
+  EXPECT_EQ(cxrtest_Everything_validate(m, &r, &only), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_NODES);
+  only = cxr_limits{0, 1000, 0};
+  EXPECT_EQ(cxrtest_Everything_validate(m, &r, &only), CXR_EPROTO);
+  EXPECT_EQ(cxr_invalid_reason(), CXR_INVALID_DEPTH);  // the default depth
+}
+
 // Each bool of a repeated field is read, so each counts against max_nodes (as each closed
 // enum does): the bytes read stay bounded however many messages share one array.
 TEST_F(Msg, ValidatorCountsRepeatedBoolsAgainstMaxNodes) {
