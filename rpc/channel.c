@@ -79,8 +79,9 @@ int cxr_channel_on(cxr_channel *ch, uint32_t method, cxr_handler fn, void *user)
 
 /* ---- connection heaps ---- */
 
-static void active_clear(cxr__chan_block *cb, unsigned k) {
-  __atomic_fetch_and(&cb->active[k / 64], ~(1ull << (k % 64)), __ATOMIC_SEQ_CST);
+static void active_clear(cxr_channel *ch, unsigned k) {
+  __atomic_fetch_and(&ch->cb->active[k / 64], ~(1ull << (k % 64)), __ATOMIC_SEQ_CST);
+  __atomic_fetch_and(&ch->claimed[k / 64], ~(1ull << (k % 64)), __ATOMIC_SEQ_CST);
 }
 
 void cxr__sconn_free_result(cxr__sconn *sc, uint64_t ptr) {
@@ -175,6 +176,9 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
   s->client_uid = 0;
   s->since_ns = 0;
   memset(&sc->client, 0, sizeof sc->client);
+  sc->readied = true;
+  sc->ours = false;
+  sc->unstarted = 0;
   __atomic_store_n(&sc->retiring, 0, __ATOMIC_SEQ_CST);
   __atomic_store_n(&sc->resp_stalled, 0, __ATOMIC_RELAXED);
   cxr__seal_slot_ready(ch, sc);
@@ -201,7 +205,7 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
     /* Stop workers from entering, make that visible to every thread of ours, then note
      * where each worker is: once each has begun a later pass, none is inside (a handler
      * still running for it keeps its worker in the old pass). */
-    active_clear(ch->cb, sc->index);
+    active_clear(ch, sc->index);
     __atomic_store_n(&sc->retiring, 1, __ATOMIC_SEQ_CST);
     __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
@@ -230,21 +234,24 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
     cxr__sconn_free_result(sc, d.ptr);
   int reaped = cxr_heap_reap(sc->heap);
-  /* A client that closed cleanly but left many blocks behind gets a fresh heap. (Not
-   * measured when the client is this very process, which may still be closing its handle:
-   * the heap's statistics are not safe against a concurrent close in one process.) */
-  cxr_heap_stats st;
-  bool bloated = false;
-  if (cxr__owner_pid(CXR__LDX(&s->owner)) != (uint32_t)ch->self.pid)
-    bloated = cxr_heap_stats(sc->heap, &st) != 0 ||
-              st.used > sc->baseline_used + ch->o.conn_heap_size / 8;
   CXR__ADD(dead ? &ch->cb->reclaimed : &ch->cb->disconnects, 1);
   CXR_DEBUG("channel %s: slot %u %s (reaped %d holders)", ch->name, sc->index,
             dead ? "reclaimed from a dead client" : "closed", reaped);
+  /* A client that closed cleanly but left many blocks behind gets a fresh heap. (Not
+   * measured when the client is this very process, which may still be closing its handle:
+   * the heap's statistics are not safe against a concurrent close in one process. Which
+   * process it was is what this process knows, not what the slot says: a client that wrote
+   * the server's pid there skipped the check and passed its full heap on.) */
+  bool ours = sc->ours || cxr__conn_closed_here(sc->blk, sc->gen);
+  cxr_heap_stats st;
+  bool bloated = !ours && (cxr_heap_stats(sc->heap, &st) != 0 ||
+                           st.used > sc->baseline_used + ch->o.conn_heap_size / 8);
   /* A dead client may have left blocks and half-pushed descriptors: start from a fresh
-   * heap. A clean close with a tidy heap reuses it (no file operations), unless the client
-   * freed the block the rings live in: the next client's blocks would land on them. */
+   * heap. A clean close with a tidy heap reuses it (no file operations: a reconnect costs
+   * microseconds), unless the client freed the block the rings live in: the next client's
+   * blocks would land on them. (The last tenant may still map a reused heap: docs/rpc.md.) */
   if (dead || bloated || !rings_intact(ch, sc)) sconn_destroy(ch, sc);
+  sc->readied = false;
   uint64_t o = CXR__LDX(&s->owner);
   CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));
   CXR__ADD(&ch->cb->recycled, 1);
@@ -279,7 +286,7 @@ static unsigned refill(cxr_channel *ch, int *err) {
       /* FREE while its recycle still waits for a worker to leave it: written by a client
        * (any can write the control block), not by us. Readied now, the slot would go to a
        * new client whose heap the recycle then unmaps under its calls. */
-      if (sc->pending) continue;
+      if (sc->pending || sc->readied) continue;
       int rc = sconn_make_ready(ch, sc);
       if (rc != 0) {
         CXR_WARN("channel %s: cannot prepare connection %u: %s", ch->name, k, cxr_strerror(rc));
@@ -295,6 +302,20 @@ static unsigned refill(cxr_channel *ch, int *err) {
   return made;
 }
 
+/* A slot state the manager did not lead this slot into (any client can write the control
+ * block): anything but FREE on a slot not handed out; FREE or BUSY on a slot handed out and
+ * not taken back (before, a forged FREE made the manager ready a live client's heap for the
+ * next client, and a forged BUSY stopped the pool's refill for good), a state no version
+ * writes, or a claimed slot naming another process than the one seen claiming it. */
+static bool state_forged(const cxr__sconn *sc, uint64_t o) {
+  unsigned st = cxr__owner_state(o);
+  if (sc->pending) return false;
+  if (!sc->readied) return st != CXR__SLOT_FREE;
+  if (st == CXR__SLOT_FREE || st >= CXR__SLOT_BUSY) return true;
+  return st == CXR__SLOT_CLAIMED && sc->client.pid != 0 &&
+         (uint32_t)sc->client.pid != cxr__owner_pid(o);
+}
+
 /* One pass over the slots. Returns true if work is left over (come back soon). */
 static bool manage_once(cxr_channel *ch, bool check_liveness) {
   bool again = false;
@@ -303,6 +324,27 @@ static bool manage_once(cxr_channel *ch, bool check_liveness) {
     cxr__cslot *s = sc->slot;
     uint64_t o = CXR__LD(&s->owner);
     unsigned st = cxr__owner_state(o);
+    if (state_forged(sc, o)) {
+      CXR_WARN("channel %s: connection %u was put in state %u by someone else; taking it "
+               "back", ch->name, k, st);
+      if (!sc->readied) { /* not handed out: its heap goes (the writer may map it), FREE */
+        sconn_destroy(ch, sc);
+        CXR__CAS(&s->owner, &o, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));
+        again = true;
+        continue;
+      }
+      /* Handed out: taken back as from a dead client (drained, a fresh heap). */
+      uint64_t want = cxr__owner(cxr__owner_pid(o), CXR__SLOT_RECLAIM, cxr__owner_gen(o));
+      if (CXR__CAS(&s->owner, &o, want)) {
+        o = want;
+        st = CXR__SLOT_RECLAIM;
+      } else {
+        again = true;
+      }
+    }
+    if (st == CXR__SLOT_CLAIMED && !(__atomic_load_n(&ch->claimed[k / 64], __ATOMIC_RELAXED) &
+                                     (1ull << (k % 64))))
+      __atomic_fetch_or(&ch->claimed[k / 64], 1ull << (k % 64), __ATOMIC_SEQ_CST);
     if (st == CXR__SLOT_CLAIMED && check_liveness) {
       if (sc->client.pid == 0 || (uint32_t)sc->client.pid != cxr__owner_pid(o)) {
         sc->client.pid = (int32_t)cxr__owner_pid(o);
@@ -310,13 +352,16 @@ static bool manage_once(cxr_channel *ch, bool check_liveness) {
         sc->client.host = ch->self.host;
       }
       if (sc->client.start_time == 0) sc->client.start_time = CXR__LD(&s->client_start);
+      if (!sc->ours) sc->ours = cxr__conn_held_here(sc->blk, sc->gen);
       cxr__proc_id id = sc->client;
       bool alive;
       if (id.start_time != 0) {
         alive = cxr__proc_alive(&id);
-      } else { /* claimed but start time not yet written: the pid must at least exist */
+      } else { /* claimed but start time not yet written: the pid must at least exist, and
+                * a client writes it right after its claim, so not for long (a client that
+                * wrote pid 1 and never a start time kept its slot for good) */
         uint64_t t;
-        alive = cxr__proc_start_time(id.pid, &t) != CXR_ENOENT;
+        alive = cxr__proc_start_time(id.pid, &t) != CXR_ENOENT && ++sc->unstarted < 3;
       }
       if (!alive) {
         uint64_t want = cxr__owner(cxr__owner_pid(o), CXR__SLOT_RECLAIM, cxr__owner_gen(o));
@@ -387,11 +432,16 @@ static int remove_stale(const char *ctl_name) {
     unsigned n = CXR__LDX(&cb->max_conns); /* read once: the old block is anyone's to write */
     if (n > CXR__MAX_CONNS) n = 0;
     if (!cxr_heap_contains(h, cb, cxr__chan_block_size(n))) n = 0;
-    for (unsigned k = 0; k < n; k++) {
+    /* Only this channel's connection heaps ("cc.NAME." + the old server's pid...): a
+     * client could have written any name there, another channel's heaps' say, and had us
+     * remove them. */
+    char prefix[CXR_NAME_MAX + 2];
+    int pn = snprintf(prefix, sizeof prefix, "cc.%s.", ctl_name + 3);
+    for (unsigned k = 0; k < n && pn > 0 && (size_t)pn < sizeof prefix; k++) {
       char name[CXR_NAME_MAX + 1];
       memcpy(name, cb->slots[k].heap, sizeof name);
       name[CXR_NAME_MAX] = '\0';
-      if (name[0] != '\0') cxr_heap_unlink(name);
+      if (strncmp(name, prefix, (size_t)pn) == 0) cxr_heap_unlink(name);
     }
   }
   cxr_heap_close(h);

@@ -246,6 +246,32 @@ static void held_remove(const void *blk, uint32_t gen) {
   pthread_mutex_unlock(&held_lock);
 }
 
+/* Connections of this process closed lately, for a server in this same process: it reuses
+ * the heap of its own clients only (cxr__conn_closed_here). A ring: entries no server here
+ * asks about (connections to other processes' channels) are overwritten. */
+#define CLOSED_HERE 64
+static struct held_conn closed_here[CLOSED_HERE];
+static unsigned closed_next;
+
+static void held_close(const void *blk, uint32_t gen) {
+  held_remove(blk, gen);
+  pthread_mutex_lock(&held_lock);
+  closed_here[closed_next++ % CLOSED_HERE] = (struct held_conn){blk, gen};
+  pthread_mutex_unlock(&held_lock);
+}
+
+bool cxr__conn_closed_here(const void *blk, uint32_t gen) {
+  bool found = false;
+  pthread_mutex_lock(&held_lock);
+  for (unsigned i = 0; i < CLOSED_HERE && !found; i++)
+    if (closed_here[i].blk == blk && closed_here[i].gen == gen) {
+      closed_here[i] = (struct held_conn){NULL, 0};
+      found = true;
+    }
+  pthread_mutex_unlock(&held_lock);
+  return found;
+}
+
 bool cxr__conn_held_here(const void *blk, uint32_t gen) {
   bool found = false;
   pthread_mutex_lock(&held_lock);
@@ -460,7 +486,7 @@ void cxr_conn_close(cxr_conn *c) {
   }
   cxr__conn_stop_completion(c);
   cxr__conn_fail_all(c, CXR_ECLOSED);
-  if (c->blk != NULL) held_remove(c->blk, c->gen);
+  if (c->blk != NULL) held_close(c->blk, c->gen);
   if (c->slot != NULL) release_slot(c->ctl, c->index, c->pid, c->gen);
   cxr__conn_table_fini(c);
   cxr__seal_conn_close(c);

@@ -372,6 +372,8 @@ int cxr__dispatch(cxr_call *call, cxr_handler fn, void *user, void **result);
 /* True when this process holds, as a client, the connection whose block is at blk in
  * tenancy gen (conn.c; a server in the same process asks, cxr_call_peer). */
 bool cxr__conn_held_here(const void *blk, uint32_t gen);
+/* True (once) when this process closed that connection lately as a client (conn.c). */
+bool cxr__conn_closed_here(const void *blk, uint32_t gen);
 
 /* ---- internal test hooks: raw ring access on a client connection ---- */
 int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d);

@@ -155,6 +155,13 @@ static void pass_begin(cxr__wpass *ws) {
   __atomic_store_n(&ws->v, __atomic_load_n(&ws->v, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
 }
 
+/* Word w of the connections to poll: the shared active map (a client sets its bit when it
+ * connects, so it is served at once) and the slots the manager saw claimed (any client can
+ * clear another's shared bit). */
+static uint64_t serving_bits(cxr_channel *ch, unsigned w) {
+  return CXR__LD(&ch->cb->active[w]) | __atomic_load_n(&ch->claimed[w], __ATOMIC_RELAXED);
+}
+
 /* The next connection of active-map word w (its bit taken out of *bits) that is live and
  * not retiring, or NULL when the word has no more. `live` is read before anything else of
  * the connection (see cxr__wpass). */
@@ -208,7 +215,7 @@ static unsigned poll_watched(cxr_channel *ch, cxr__wpass *ws, watch_list *wl) {
   unsigned members = __atomic_load_n(&ch->members, __ATOMIC_ACQUIRE), n = 0;
   bool changed = members != wl->members;
   for (unsigned w = 0, words = (ch->o.max_conns + 63) / 64; w < words; w++) {
-    uint64_t bits = CXR__LD(&ch->cb->active[w]);
+    uint64_t bits = serving_bits(ch, w);
     if (bits != wl->active[w]) {
       wl->active[w] = bits;
       changed = true;
@@ -238,11 +245,10 @@ static unsigned poll_watched(cxr_channel *ch, cxr__wpass *ws, watch_list *wl) {
 /* One pass over the active connections (several workers). Returns how many calls it
  * handled. */
 static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
-  cxr__chan_block *cb = ch->cb;
   pass_begin(ws);
   unsigned words = (ch->o.max_conns + 63) / 64, n = 0;
   for (unsigned w = 0; w < words; w++) {
-    uint64_t bits = CXR__LD(&cb->active[w]);
+    uint64_t bits = serving_bits(ch, w);
     for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;) {
       cxr__desc d;
       if (!cxr__ring_nonempty(&sc->req)) continue;
@@ -259,7 +265,7 @@ static bool any_request(cxr_channel *ch, cxr__wpass *ws) {
   unsigned words = (ch->o.max_conns + 63) / 64;
   pass_begin(ws);
   for (unsigned w = 0; w < words; w++) {
-    uint64_t bits = CXR__LD(&ch->cb->active[w]);
+    uint64_t bits = serving_bits(ch, w);
     for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;)
       if (cxr__ring_busy(&sc->req)) return true;
   }

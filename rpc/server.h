@@ -38,6 +38,12 @@ typedef struct cxr__sconn {
   unsigned peer_uid;
   size_t baseline_used;      /* heap bytes used by a fresh connection */
   bool pending, pending_dead; /* manager: a recycle waits for workers to leave */
+  /* Manager only, what no client can write: the slot was published READY and not taken
+   * back since (its heap may be a tenant's); the tenant is a connection of this process
+   * (cxr__conn_held_here, seen while it was claimed); liveness ticks it claimed the slot
+   * without writing its start time. */
+  bool readied, ours;
+  unsigned unstarted;
 } cxr__sconn;
 
 /* The request-ring slot a single worker watches next (after the rings were set up or the
@@ -89,6 +95,10 @@ struct cxr_channel {
   unsigned members;          /* atomic: bumped whenever a connection's live or retiring
                                 changes (a single worker rebuilds its watch list) */
   cxr__wpass wpass[CXR__MAX_WORKERS];
+  /* Atomic words, set by the manager for slots it saw claimed and cleared when it takes one
+   * back: workers serve these whatever the shared active map says (any client can clear
+   * another's bit there, which left that client unserved for good). */
+  uint64_t claimed[CXR__MAX_CONNS / 64];
   struct cxr__rlisten *remote; /* listener for other racks (rpc/remote.c), or NULL */
   struct cxr__seal_chan *seal; /* seal tables of the slots (rpc/seal_glue.c), or NULL */
 };

@@ -962,6 +962,108 @@ TEST(CallLimits, AConnectGivesUpByItsTimeoutWhileAClientJamsTheControlHeapsLock)
   cxr_channel_close(ch);
 }
 
+// The control block of channel `name` as a client maps it (any client can write it all).
+struct Ctl {
+  cxr_heap *h = nullptr;
+  cxr__chan_block *cb = nullptr;
+  explicit Ctl(const std::string &name) {
+    if (cxr_heap_open(&h, ("ch." + name).c_str()) == 0)
+      cb = static_cast<cxr__chan_block *>(cxr_heap_get_root(h));
+  }
+  ~Ctl() {
+    if (h) cxr_heap_close(h);
+  }
+  // The slot whose heap is the connection heap of c.
+  int slot_of(cxr_conn *c) const {
+    const char *heap = cxr_heap_name(cxr_conn_heap(c));
+    for (unsigned k = 0; k < CXR__MAX_CONNS && heap; k++)
+      if (strncmp(cb->slots[k].heap, heap, sizeof cb->slots[k].heap) == 0) return (int)k;
+    return -1;
+  }
+  void wake_manager() const {
+    __atomic_fetch_add(&cb->mgr_bell, 1, __ATOMIC_SEQ_CST);
+    cxr__futex_wake(&cb->mgr_bell, INT_MAX);
+  }
+};
+
+TEST(CallLimits, AForgedFreeDoesNotHandALiveConnectionsHeapToTheNextClient) {
+  // A client wrote FREE into another client's claimed slot: the manager readied that slot
+  // with the live connection's heap for the next client, who then mapped the first one's
+  // calls. Now a state the manager did not lead the slot into ends that tenancy as a death
+  // does: a fresh heap.
+  std::string name = uniq("forgefree");
+  cxr_channel *ch = serving(name, 1u << 20, 2, 1);
+  ASSERT_NE(ch, nullptr);
+  Ctl ctl(name);
+  ASSERT_NE(ctl.cb, nullptr);
+  cxr_conn *a = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(cxr_connect(&a, name.c_str(), nullptr), 0);
+  ASSERT_EQ(cxr_conn_call(a, M_NOOP, nullptr, nullptr, nullptr), 0);
+  std::string heap_a = cxr_heap_name(cxr_conn_heap(a));
+  int k = ctl.slot_of(a);
+  ASSERT_GE(k, 0);
+  uint64_t o = CXR__LD(&ctl.cb->slots[k].owner);
+  CXR__ST(&ctl.cb->slots[k].owner, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));
+  ctl.wake_manager();
+  usleep(200000);
+  cxr_conn_opts co = with_connect_timeout(3000000000);
+  ASSERT_EQ(cxr_connect(&b, name.c_str(), &co), 0);  // the other slot
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), &co), 0);  // slot k again
+  EXPECT_NE(heap_a, cxr_heap_name(cxr_conn_heap(b)));
+  EXPECT_NE(heap_a, cxr_heap_name(cxr_conn_heap(c))) << "the next client got a live heap";
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
+  for (cxr_conn *x : {a, b, c}) cxr_conn_close(x);
+  cxr_channel_close(ch);
+}
+
+TEST(CallLimits, AForgedBusyDoesNotStopThePoolsRefill) {
+  // BUSY is the manager's own mark while it recycles a slot. Written by a client into the
+  // ready slots, they counted as "ready soon" and no new heap was ever made: every connect
+  // timed out for good. Now they are taken back and the pool refills.
+  std::string name = uniq("forgebusy");
+  cxr_channel *ch = serving(name, 1u << 20, 4, 2);
+  ASSERT_NE(ch, nullptr);
+  Ctl ctl(name);
+  ASSERT_NE(ctl.cb, nullptr);
+  unsigned forged = 0;
+  for (unsigned k = 0; k < 4; k++) {
+    uint64_t o = CXR__LD(&ctl.cb->slots[k].owner);
+    if (cxr__owner_state(o) != CXR__SLOT_READY) continue;
+    CXR__ST(&ctl.cb->slots[k].owner, cxr__owner(0, CXR__SLOT_BUSY, cxr__owner_gen(o)));
+    forged++;
+  }
+  EXPECT_EQ(forged, 2u);
+  ctl.wake_manager();
+  cxr_conn_opts co = with_connect_timeout(3000000000);
+  cxr_conn *c = nullptr;
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), &co), 0) << "the pool was never refilled";
+  EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(c);
+  cxr_channel_close(ch);
+}
+
+TEST(CallLimits, AClearedActiveBitDoesNotStarveAConnection) {
+  // Workers polled only the connections whose bit is set in the shared active map, which
+  // any client can clear: another client's calls then timed out for good. Now the manager's
+  // own record of claimed slots is polled too.
+  std::string name = uniq("starve");
+  cxr_channel *ch = serving(name, 1u << 20, 4, 1);
+  ASSERT_NE(ch, nullptr);
+  Ctl ctl(name);
+  ASSERT_NE(ctl.cb, nullptr);
+  cxr_conn *a = nullptr;
+  ASSERT_EQ(cxr_connect(&a, name.c_str(), nullptr), 0);
+  ASSERT_EQ(cxr_conn_call(a, M_NOOP, nullptr, nullptr, nullptr), 0);
+  usleep(300000);  // the manager has seen it claimed (it looks every 50 ms)
+  __atomic_store_n(&ctl.cb->active[0], 0ull, __ATOMIC_SEQ_CST);
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.deadline_ns = 2000000000;
+  EXPECT_EQ(cxr_conn_call(a, M_NOOP, nullptr, nullptr, &o), 0) << "not served any more";
+  cxr_conn_close(a);
+  cxr_channel_close(ch);
+}
+
 TEST(CallLimits, ZeroedOptionsMeanDefaultsAndUnusableOnesFailTheOpen) {
   // A zeroed options struct (no _init): pool 0 is the default pool, so a client connects
   // (before, no slot was ever made ready and every connect timed out).
