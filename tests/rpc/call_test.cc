@@ -486,6 +486,44 @@ TEST_F(Call, AClientThatNeverReadsItsAnswersDoesNotStallTheOthers) {
   EXPECT_EQ(add(20, 22, &rc), 42);
 }
 
+TEST_F(Call, AClientThatDrainsItsAnswersSlowlyDoesNotHoldAWorker) {
+  // After its ring stalled once, a client took one answer at a time and sent two requests:
+  // the connection counted as stalled only until an answer went in, so the worker waited
+  // peer_timeout (100 ms) for room again each round, and the other connection's calls
+  // waited behind it (~700 ms for the 20 calls, against ~100 ms now: the first stall
+  // still costs one wait). Now a stalled connection stays stalled for its tenancy.
+  cxr_conn *bad = nullptr;
+  ASSERT_EQ(cxr_connect(&bad, name.c_str(), nullptr), 0);
+  uint32_t n = cxr__conn_table_size(bad);
+  cxr__desc d;
+  memset(&d, 0, sizeof d);
+  d.method = M_NOOP;
+  unsigned id = 0;
+  int64_t t0 = cxr_now_ns();
+  for (unsigned pushed = 0; pushed < 2 * n && ms_since(t0) < 20000;) {  // fill, and stall it
+    d.call_id = (uint64_t)1 << 32 | (id % n);
+    if (cxr__conn_push_raw(bad, &d) == 0) pushed++, id++;
+  }
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.deadline_ns = 3000000000;
+  int64_t waited = 0;
+  for (int round = 0; round < 20; round++) {
+    cxr__desc a;
+    cxr__conn_pop_raw(bad, &a, 100000000);  // room for one answer
+    for (int k = 0; k < 2; k++) {
+      d.call_id = (uint64_t)1 << 32 | (id++ % n);
+      cxr__conn_push_raw(bad, &d);
+    }
+    int64_t t = cxr_now_ns();
+    EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, &o), 0);
+    waited += ms_since(t);
+  }
+  printf("20 calls beside a slow drainer: %lld ms\n", (long long)waited);
+  EXPECT_LT(waited, 400) << "the good connection's 20 calls waited behind the bad one";
+  cxr_conn_close(bad);
+}
+
 TEST_F(Call, MalformedDescriptorsGetErrorReplies) {
   uint32_t n = cxr__conn_table_size(c);
   struct Case {
