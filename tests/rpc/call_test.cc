@@ -1014,7 +1014,7 @@ struct Ctl {
   // The slot whose heap is the connection heap of c.
   int slot_of(cxr_conn *c) const {
     const char *heap = cxr_heap_name(cxr_conn_heap(c));
-    for (unsigned k = 0; k < CXR__MAX_CONNS && heap; k++)
+    for (unsigned k = 0; k < cb->max_conns && k < CXR__MAX_CONNS && heap; k++)
       if (strncmp(cb->slots[k].heap, heap, sizeof cb->slots[k].heap) == 0) return (int)k;
     return -1;
   }
