@@ -158,13 +158,6 @@ void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers);
 /* The same right after cxr__ring_push: the push's seq_cst CAS on the tail orders it, so a
  * plain load of the sleeper count suffices (no locked instruction on the call path). */
 void cxr__bell_after_push(uint32_t *futex, uint32_t *sleepers);
-static inline void cxr__cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  __asm__ __volatile__("" ::: "memory");
-#endif
-}
 void cxr__process_barrier(void);
 
 /* Per-thread waiting policy (CXRPC_WAIT=adaptive|spin|block, default adaptive). Spinning

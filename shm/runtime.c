@@ -64,9 +64,8 @@ uint64_t cxr__rt_lock_id(void) {
   unsigned e = atomic_load_explicit(&cxr__fork_epoch, memory_order_relaxed);
   if (atomic_load_explicit(&id_epoch, memory_order_acquire) == e)
     return atomic_load_explicit(&id, memory_order_relaxed);
-  cxr__proc_id me;
-  if (cxr__proc_self_id(&me) != 0) return 0;
-  uint64_t v = cxr__plock_id(me.pid, me.start_time);
+  uint64_t v = cxr__plock_self_id();
+  if (v == 0) return 0;
   atomic_store_explicit(&id, v, memory_order_relaxed);
   atomic_store_explicit(&id_epoch, e, memory_order_release);
   return v;

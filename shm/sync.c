@@ -33,6 +33,11 @@ uint64_t cxr__plock_id(int32_t pid, uint64_t start_time) {
   return ((uint64_t)(uint32_t)start_time << 32) | ((uint64_t)(uint32_t)pid & CXR_PLOCK_PID_MASK);
 }
 
+uint64_t cxr__plock_self_id(void) {
+  cxr__proc_id me;
+  return cxr__proc_self_id(&me) == 0 ? cxr__plock_id(me.pid, me.start_time) : 0;
+}
+
 bool cxr__plock_holder_dead(uint64_t word) {
   int32_t pid = (int32_t)(word & CXR_PLOCK_PID_MASK);
   if (pid <= 0 || pid > PID_LIMIT) return true;
@@ -40,12 +45,6 @@ bool cxr__plock_holder_dead(uint64_t word) {
   int rc = cxr__proc_start_time(pid, &st);
   if (rc != 0) return rc == CXR_ENOENT; /* a thread that cannot tell waits, takes nothing */
   return (uint32_t)st != (uint32_t)(word >> 32);
-}
-
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static uint32_t *futex_of(cxr__plock *l) { return (uint32_t *)&l->word; }
@@ -61,16 +60,14 @@ int cxr__plock_try(cxr__plock *l, uint64_t me) {
 int cxr__plock_lock(cxr__plock *l, uint64_t me, int64_t wait_ns) {
   for (int i = 0; i < SPINS; i++) {
     if (__atomic_load_n(&l->word, __ATOMIC_RELAXED) == 0 && cxr__plock_try(l, me) == 0) return 0;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    cxr__cpu_relax();
   }
-  int64_t start = mono_ns();
+  int64_t start = cxr_now_ns();
   int64_t until = start + wait_ns, check = start + FIRST_CHECK_NS;
   for (;;) {
     /* Every pass reads the clock (a waiter's path): a peer rewriting the word as fast as it
      * can makes the compare-and-swaps below fail, and must not keep us past `until`. */
-    int64_t now = mono_ns();
+    int64_t now = cxr_now_ns();
     if (now >= until) return CXR_ETIMEDOUT;
     uint64_t w = __atomic_load_n(&l->word, __ATOMIC_RELAXED);
     if (w == 0) {

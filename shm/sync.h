@@ -26,6 +26,15 @@ extern "C" {
 void cxr__futex_wait(uint32_t *w, uint32_t val, int64_t timeout_ns);
 void cxr__futex_wake(uint32_t *w, int n);
 
+/* One step of a spin-wait (pause on x86). */
+static inline void cxr__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
 /* Lives in shared memory; all zero is unlocked. Read and written only with atomics. The
  * futex is its low 32 bits (pid and waiters bit) on this little-endian machine. */
 typedef struct cxr__plock {
@@ -50,6 +59,9 @@ int cxr__plock_try(cxr__plock *l, uint64_t me);
 int cxr__plock_lock(cxr__plock *l, uint64_t me, int64_t wait_ns);
 /* Releases the lock if its word still names `me` (else a peer rewrote it: left as is). */
 void cxr__plock_unlock(cxr__plock *l, uint64_t me);
+/* The word naming this process (read from /proc, not cached: shm's runtime keeps it per
+ * process), or 0 if /proc cannot tell. */
+uint64_t cxr__plock_self_id(void);
 
 #ifdef __cplusplus
 }

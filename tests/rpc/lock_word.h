@@ -9,8 +9,6 @@ extern "C" {
 #endif
 /* Where h's lock word lies in the header every holder can write. */
 uint64_t *test_heap_lock_word(cxr_heap *h);
-/* The word naming this process as the lock's holder (it lives; 0 if /proc cannot tell). */
-uint64_t test_live_lock_word(void);
 #ifdef __cplusplus
 }
 #endif

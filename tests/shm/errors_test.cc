@@ -16,7 +16,6 @@
 #include <cxrpc/shm.h>
 
 #include "shm/layout.h"
-#include "shm/proc.h"
 #include "shm/sync.h"
 #include "tests/shm/util.h"
 
@@ -478,13 +477,6 @@ TEST(Lease, HolderOnAnotherHostIsDeadWhenItsLeaseExpires) {
   EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
 
-// The heap lock's word naming this process, as a holder writes it (shm/sync.h).
-static uint64_t self_lock_word() {
-  cxr__proc_id me;
-  if (cxr__proc_self_id(&me) != 0) return 0;
-  return cxr__plock_id(me.pid, me.start_time);
-}
-
 TEST(Errors, AFreeThatCannotTakeTheHeapLockSaysWhyAndADeadHoldersLockIsTakenOver) {
   // Another process holds the heap's lock and does not let it go: a free of a page run
   // cannot proceed and says so in cxr_last_error, instead of returning with a stale code.
@@ -498,7 +490,7 @@ TEST(Errors, AFreeThatCannotTakeTheHeapLockSaysWhyAndADeadHoldersLockIsTakenOver
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
   pid_t holder = spawn([&]() -> int {
-    uint64_t me = self_lock_word();
+    uint64_t me = cxr__plock_self_id();
     if (me == 0 || cxr__plock_lock(&hdr->lock, me, 5000000000ll) != 0) return 10;
     if (write(ready[1], "h", 1) != 1) return 11;
     pause();  // until killed, the lock held
@@ -536,7 +528,7 @@ TEST(Errors, AnUnlockWritesNothingAPeerPointedItAt) {
   ASSERT_NE(kept, nullptr);
   memset(kept, 0x5a, 1 << 20);
   static uint64_t canary[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-  uint64_t me = self_lock_word();
+  uint64_t me = cxr__plock_self_id();
   ASSERT_NE(me, 0u);
   ASSERT_EQ(cxr__plock_lock(&hdr->lock, me, 1000000000ll), 0);
   uint64_t *bytes = reinterpret_cast<uint64_t *>(&hdr->lock);
@@ -617,7 +609,7 @@ TEST(Errors, ARunLengthRewrittenWhileAFreeWaitsForTheLockIsNotFollowed) {
   char c;
   ASSERT_EQ(read(ready[0], &c, 1), 1);
   pid_t hostile = spawn([&]() -> int {
-    uint64_t me = self_lock_word();
+    uint64_t me = cxr__plock_self_id();
     if (me == 0 || cxr__plock_lock(&hdr->lock, me, 5000000000ll) != 0) return 20;
     if (write(ready[1], "h", 1) != 1) return 21;
     // A waiter sets the waiters bit in the lock word before it sleeps.

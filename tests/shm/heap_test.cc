@@ -13,7 +13,7 @@
 #include <cxrpc/shm.h>
 
 #include "shm/layout.h" /* where the lock word is, to overwrite it as a peer could */
-#include "shm/proc.h"
+#include "shm/sync.h"
 #include "tests/shm/util.h"
 
 using namespace shmtest;
@@ -353,13 +353,6 @@ TEST(Heap, ThreadsInOneProcess) {
   EXPECT_TRUE(list_dir(g_root).empty());
 }
 
-// A heap lock word "held" by a process that lives (this one: no thread of it holds the lock)
-// and never unlocks. (A word naming no live process is taken over: errors_test.)
-static uint64_t live_holder_word() {
-  cxr__proc_id me;
-  return cxr__proc_self_id(&me) == 0 ? cxr__plock_id(me.pid, me.start_time) : 0;
-}
-
 TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
   // Any process that maps a heap can write its lock word (a connection heap's client can):
   // one naming a holder that never unlocks. Allocations that take the lock fail with
@@ -373,7 +366,9 @@ TEST(Heap, ALockWordNobodyReleasesCostsAnErrorNotAHang) {
   cxr_heap_free(h, a);
   uint64_t *word = &static_cast<cxr__hdr *>(cxr_heap_base(h))->lock.word;
   ASSERT_EQ(__atomic_load_n(word, __ATOMIC_SEQ_CST), 0u);
-  const uint64_t held = live_holder_word();
+  // "Held" by a process that lives (this one: no thread of it holds the lock) and never
+  // unlocks. (A word naming no live process is taken over: errors_test.)
+  const uint64_t held = cxr__plock_self_id();
   ASSERT_NE(held, 0u);
   __atomic_store_n(word, held, __ATOMIC_SEQ_CST);
   EXPECT_EQ(cxr_heap_alloc(h, 1 << 20), nullptr);
@@ -406,7 +401,7 @@ TEST(Heap, ACloseThatCannotTakeTheLockStillLetsTheHeapGo) {
   close(fd);
   ASSERT_NE(peer, MAP_FAILED);  // the header as another process maps it
   uint64_t *word = &static_cast<cxr__hdr *>(peer)->lock.word;
-  __atomic_store_n(word, live_holder_word(), __ATOMIC_SEQ_CST);  // never unlocked
+  __atomic_store_n(word, cxr__plock_self_id(), __ATOMIC_SEQ_CST);  // never unlocked
   cxr_heap_close(h);  // gives up on the lock after 2 s
   __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
   munmap(peer, sizeof(cxr__hdr));
@@ -425,7 +420,7 @@ TEST(Heap, ACloseThatCannotTakeTheLockStillLetsTheHeapGo) {
   void *p = cxr_heap_alloc(h, 64);
   ASSERT_NE(p, nullptr);
   word = &static_cast<cxr__hdr *>(cxr_heap_base(h))->lock.word;
-  __atomic_store_n(word, live_holder_word(), __ATOMIC_SEQ_CST);
+  __atomic_store_n(word, cxr__plock_self_id(), __ATOMIC_SEQ_CST);
   cxr_heap_close(h);
   __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
   EXPECT_EQ(cxr_heap_reap(h2), 1);
