@@ -179,16 +179,9 @@ int cxr__heap_lock(cxr_heap *h) {
     bool stuck = __atomic_load_n(&h->m->lock_stuck, __ATOMIC_RELAXED);
     int64_t wait = stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS;
     /* A caller with a deadline of its own (a connect opening heaps, shm/reg_deadline.h) is
-     * not kept past it: it may hold the pod registry's lock meanwhile. */
-    int64_t until = cxr__reg_deadline_get();
-    bool callers = false; /* the bound is the caller's deadline: no sign of a stuck lock */
-    if (until != 0) {
-      int64_t left = until - cxr_now_ns();
-      if (left < wait) {
-        wait = left > 0 ? left : 0;
-        callers = true;
-      }
-    }
+     * not kept past it: it may hold the pod registry's lock meanwhile. (The clock is read
+     * only for such a caller.) */
+    bool callers = cxr__reg_deadline_get() != 0 && cxr__reg_deadline_clip(cxr_now_ns(), &wait);
     rc = cxr__plock_lock(&h->hdr->lock, me, wait);
     if (rc == CXR_ETIMEDOUT && callers) return CXR_ETIMEDOUT;
     if (rc == CXR_ETIMEDOUT) {

@@ -32,6 +32,12 @@ static _Thread_local int64_t reg_until; /* the caller's deadline (reg_deadline.h
 
 int64_t cxr__reg_deadline_get(void) { return reg_until; }
 
+bool cxr__reg_deadline_clip(int64_t now, int64_t *bound) {
+  if (reg_until == 0 || reg_until - now >= *bound) return false;
+  *bound = reg_until > now ? reg_until - now : 0;
+  return true;
+}
+
 int64_t cxr__reg_deadline_set(int64_t until_ns) {
   int64_t prev = reg_until;
   reg_until = until_ns;
@@ -57,10 +63,7 @@ static int lock_bounded(int fd) {
     if (start == 0) {
       start = now;
       if (__atomic_load_n(&reg_stuck, __ATOMIC_RELAXED)) bound = REG_WAIT_STUCK_NS;
-      if (reg_until != 0 && reg_until - now < bound) {
-        bound = reg_until > now ? reg_until - now : 0;
-        callers = true;
-      }
+      callers = cxr__reg_deadline_clip(now, &bound);
     }
     int64_t spent = now - start;
     if (spent >= bound && callers) return CXR_ETIMEDOUT;

@@ -43,6 +43,9 @@ typedef struct cxr__reg {
 extern int64_t cxr__reg_wait_ns;
 /* This thread's deadline (shm/reg_deadline.h), or 0. */
 int64_t cxr__reg_deadline_get(void);
+/* Shortens *bound (ns from `now`) to this thread's deadline when that comes first: true
+ * then (the wait's end is the caller's, not a sign of a stuck lock). */
+bool cxr__reg_deadline_clip(int64_t now, int64_t *bound);
 int cxr__reg_lock(cxr__reg *r, bool create);
 /* Unlocks; removes the file when it has no entry left. */
 void cxr__reg_unlock(cxr__reg *r);
