@@ -192,15 +192,8 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
  * if a worker is still inside it (try again on the next tick). */
 static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   cxr__cslot *s = sc->slot;
-  if (sc->heap == NULL) {
-    /* Never made ready, so never handed out: the state that brought us here was written by
-     * someone else (any client can write the control block). Nothing to take back. */
-    CXR_WARN("channel %s: slot %u was marked closed but never served; freeing it", ch->name,
-             sc->index);
-    uint64_t o = CXR__LDX(&s->owner);
-    CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));
-    return true;
-  }
+  /* (A slot with no heap was never handed out: a close marked on it is a forged state,
+   * which manage_once puts back as FREE before a recycle could begin.) */
   if (sc->snap == NULL) {
     /* Stop workers from entering, make that visible to every thread of ours, then note
      * where each worker is: once each has begun a later pass, none is inside (a handler
