@@ -206,6 +206,13 @@ const docstore_Value *json_at(const docstore_Value *v, const char *path, size_t 
   return v;
 }
 
+/* True when `count` elements of `elem` bytes at p lie inside r (their size not overflowing). */
+static bool array_in(const cxr_range *r, const void *p, uint64_t count, size_t elem,
+                     size_t align) {
+  return count == 0 ||
+         (count <= SIZE_MAX / elem && cxr_range_check(r, p, count * elem, align) == 0);
+}
+
 /* Each block is checked against r before it is read, at the address and count read once:
  * a pointer swapped after validation may point anywhere the server maps. */
 int json_count_within(const docstore_Value *v, const cxr_range *r, uint64_t max, unsigned depth,
@@ -223,9 +230,7 @@ int json_count_within(const docstore_Value *v, const cxr_range *r, uint64_t max,
     if (cxr_range_check(r, o, sizeof *o, _Alignof(docstore_Object))) return CXR_EBADPTR;
     uint64_t count = CXR__LOAD(&o->members.count);
     const docstore_Member *m = CXR__LOAD(&o->members.items);
-    if (count && (count > SIZE_MAX / sizeof *m ||
-                  cxr_range_check(r, m, count * sizeof *m, _Alignof(docstore_Member))))
-      return CXR_EBADPTR;
+    if (!array_in(r, m, count, sizeof *m, _Alignof(docstore_Member))) return CXR_EBADPTR;
     for (uint64_t i = 0; i < count && !rc; i++)
       rc = json_count_within(CXR__LOAD(&m[i].value), r, max, depth - 1, n);
   } else if (kind == 6) {
@@ -235,9 +240,7 @@ int json_count_within(const docstore_Value *v, const cxr_range *r, uint64_t max,
     if (cxr_range_check(r, a, sizeof *a, _Alignof(docstore_Array))) return CXR_EBADPTR;
     uint64_t count = CXR__LOAD(&a->items.count);
     const docstore_Value *items = CXR__LOAD(&a->items.items);
-    if (count && (count > SIZE_MAX / sizeof *items ||
-                  cxr_range_check(r, items, count * sizeof *items, _Alignof(docstore_Value))))
-      return CXR_EBADPTR;
+    if (!array_in(r, items, count, sizeof *items, _Alignof(docstore_Value))) return CXR_EBADPTR;
     for (uint64_t i = 0; i < count && !rc; i++)
       rc = json_count_within(&items[i], r, max, depth - 1, n);
   }

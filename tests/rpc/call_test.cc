@@ -42,6 +42,47 @@ cxr_channel *serving(const std::string &name, size_t heap_size, unsigned max_con
   return ch;
 }
 
+// The control block of channel `name` as a client maps it (any client can write it all).
+struct Ctl {
+  cxr_heap *h = nullptr;
+  cxr__chan_block *cb = nullptr;
+  explicit Ctl(const std::string &name) {
+    if (cxr_heap_open(&h, ("ch." + name).c_str()) == 0)
+      cb = static_cast<cxr__chan_block *>(cxr_heap_get_root(h));
+  }
+  ~Ctl() {
+    if (h) cxr_heap_close(h);
+  }
+  // The slot whose heap is the connection heap of c.
+  int slot_of(cxr_conn *c) const {
+    const char *heap = cxr_heap_name(cxr_conn_heap(c));
+    for (unsigned k = 0; k < cb->max_conns && k < CXR__MAX_CONNS && heap; k++)
+      if (strncmp(cb->slots[k].heap, heap, sizeof cb->slots[k].heap) == 0) return (int)k;
+    return -1;
+  }
+  void wake_manager() const {
+    __atomic_fetch_add(&cb->mgr_bell, 1, __ATOMIC_SEQ_CST);
+    cxr__futex_wake(&cb->mgr_bell, INT_MAX);
+  }
+};
+
+// A no-op request for a connection's raw ring (cxr__conn_push_raw), with call id `id`.
+cxr__desc raw_noop(uint64_t id) {
+  cxr__desc d;
+  memset(&d, 0, sizeof d);
+  d.call_id = id;
+  d.method = M_NOOP;
+  return d;
+}
+
+// Call options with a deadline.
+cxr_call_opts with_deadline(int64_t ns) {
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.deadline_ns = ns;
+  return o;
+}
+
 class Call : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { setup_root("rpc-call"); }
@@ -462,12 +503,8 @@ TEST_F(Call, AClientThatNeverReadsItsAnswersDoesNotStallTheOthers) {
   cxr_conn *bad = nullptr;
   ASSERT_EQ(cxr_connect(&bad, name.c_str(), nullptr), 0);
   uint32_t n = cxr__conn_table_size(bad);
-  cxr__desc d;
-  memset(&d, 0, sizeof d);
-  d.method = M_NOOP;
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.deadline_ns = 3000000000;
+  cxr__desc d = raw_noop(0);
+  cxr_call_opts o = with_deadline(3000000000);
   int64_t t0 = cxr_now_ns();
   unsigned pushed = 0, tried = 0, good = 0;
   while (pushed < 3 * n && ms_since(t0) < 20000) {
@@ -495,18 +532,14 @@ TEST_F(Call, AClientThatDrainsItsAnswersSlowlyDoesNotHoldAWorker) {
   cxr_conn *bad = nullptr;
   ASSERT_EQ(cxr_connect(&bad, name.c_str(), nullptr), 0);
   uint32_t n = cxr__conn_table_size(bad);
-  cxr__desc d;
-  memset(&d, 0, sizeof d);
-  d.method = M_NOOP;
+  cxr__desc d = raw_noop(0);
   unsigned id = 0;
   int64_t t0 = cxr_now_ns();
   for (unsigned pushed = 0; pushed < 2 * n && ms_since(t0) < 20000;) {  // fill, and stall it
     d.call_id = (uint64_t)1 << 32 | (id % n);
     if (cxr__conn_push_raw(bad, &d) == 0) pushed++, id++;
   }
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.deadline_ns = 3000000000;
+  cxr_call_opts o = with_deadline(3000000000);
   int64_t waited = 0;
   for (int round = 0; round < 20; round++) {
     cxr__desc a;
@@ -532,13 +565,7 @@ TEST_F(Call, MalformedDescriptorsGetErrorReplies) {
     int want;
   };
   std::vector<Case> cases;
-  auto base = [&](uint64_t id) {
-    cxr__desc d;
-    memset(&d, 0, sizeof d);
-    d.call_id = id;
-    d.method = M_NOOP;
-    return d;
-  };
+  auto base = raw_noop;
   uint64_t good_id = (uint64_t)7 << 32 | 3;
   Case k{"bad method", base(good_id), CXR_ENOMETHOD};
   k.d.method = 12345;
@@ -598,20 +625,17 @@ TEST_F(Call, ThePeersIdentityIsCheckedWithTheKernel) {
   EXPECT_EQ(p.uid, (unsigned)getuid());
   // The client writes its uid into the channel's control block: a lie there is not what
   // the server reports once the kernel confirmed the pid (it used to be).
-  cxr_heap *ctl = nullptr;
-  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
-  auto *cb = (cxr__chan_block *)cxr_heap_get_root(ctl);
+  Ctl ctl(name);
   auto *blk = (cxr__conn_block *)cxr_heap_get_root(h);
-  ASSERT_NE(cb, nullptr);
+  ASSERT_NE(ctl.cb, nullptr);
   ASSERT_NE(blk, nullptr);
-  cxr__cslot *s = &cb->slots[blk->slot];
+  cxr__cslot *s = &ctl.cb->slots[blk->slot];
   uint32_t real = s->client_uid;
   s->client_uid = 4242;
   p = peer();
   EXPECT_TRUE(p.verified);
   EXPECT_EQ(p.uid, (unsigned)getuid());
   s->client_uid = real;
-  cxr_heap_close(ctl);
 }
 
 TEST_F(Call, TheControlBlocksGeometryIsCheckedOnceAndNotReadAgain) {
@@ -620,9 +644,8 @@ TEST_F(Call, TheControlBlocksGeometryIsCheckedOnceAndNotReadAgain) {
   // a block scribbled since (a ring of 0 slots, the largest slot count) neither sends the
   // connect past the block nor sizes the new connection's rings from it (it used to fail
   // with CXR_ECORRUPT here).
-  cxr_heap *ctl = nullptr;
-  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
-  auto *cb = (cxr__chan_block *)cxr_heap_get_root(ctl);
+  Ctl ctl(name);
+  cxr__chan_block *cb = ctl.cb;
   ASSERT_NE(cb, nullptr);
   uint32_t ring = cb->ring_slots, max = cb->max_conns;
   __atomic_store_n(&cb->ring_slots, 0u, __ATOMIC_RELAXED);
@@ -636,7 +659,6 @@ TEST_F(Call, TheControlBlocksGeometryIsCheckedOnceAndNotReadAgain) {
   }
   __atomic_store_n(&cb->ring_slots, ring, __ATOMIC_RELAXED);
   __atomic_store_n(&cb->max_conns, max, __ATOMIC_RELAXED);
-  cxr_heap_close(ctl);
 }
 
 TEST_F(Call, AClientThatFreesItsRingsLeavesTheNextClientAFreshHeap) {
@@ -710,10 +732,7 @@ TEST_F(Call, AChildCannotStopOrCloseTheChannelItInherited) {
 
 TEST_F(Call, StrayResponsesAreDropped) {
   // A response for a call id nobody waits for (a confused or hostile server).
-  cxr__desc d;
-  memset(&d, 0, sizeof d);
-  d.call_id = (uint64_t)999 << 32 | 1;  // generation that does not match
-  d.method = M_NOOP;
+  cxr__desc d = raw_noop((uint64_t)999 << 32 | 1);  // generation that does not match
   ASSERT_EQ(cxr__conn_push_raw(c, &d), 0);  // the server answers it as a normal no-op call
   int rc;
   EXPECT_TRUE(eventually([&] {
@@ -940,16 +959,14 @@ TEST(CallLimits, ASlotMarkedClosedThatWasNeverServedIsPutBack) {
   std::string name = uniq("scrib");
   cxr_channel *ch = serving(name, 1u << 20, 4, 1);
   ASSERT_NE(ch, nullptr);
-  cxr_heap *ctl = nullptr;
-  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
-  auto *cb = static_cast<cxr__chan_block *>(cxr_heap_get_root(ctl));
+  Ctl ctl(name);
+  cxr__chan_block *cb = ctl.cb;
   ASSERT_NE(cb, nullptr);
   uint64_t o = CXR__LD(&cb->slots[3].owner);  // pool 1: slot 3 was never made ready
   ASSERT_EQ(cxr__owner_state(o), (unsigned)CXR__SLOT_FREE);
   uint64_t closing = cxr__owner((uint32_t)getpid(), CXR__SLOT_CLOSING, cxr__owner_gen(o));
   CXR__ST(&cb->slots[3].owner, closing);
-  __atomic_fetch_add(&cb->mgr_bell, 1, __ATOMIC_SEQ_CST);
-  cxr__futex_wake(&cb->mgr_bell, INT_MAX);
+  ctl.wake_manager();
   for (int i = 0; i < 500 && cxr__owner_state(CXR__LD(&cb->slots[3].owner)) != CXR__SLOT_FREE; i++)
     usleep(10000);
   EXPECT_EQ(cxr__owner_state(CXR__LD(&cb->slots[3].owner)), (unsigned)CXR__SLOT_FREE);
@@ -957,7 +974,6 @@ TEST(CallLimits, ASlotMarkedClosedThatWasNeverServedIsPutBack) {
   ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
   EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
   cxr_conn_close(c);
-  cxr_heap_close(ctl);
   cxr_channel_close(ch);
 }
 
@@ -969,10 +985,10 @@ TEST(CallLimits, AConnectGivesUpByItsTimeoutWhileAClientJamsTheControlHeapsLock)
   std::string name = uniq("jam");
   cxr_channel *ch = serving(name, 1u << 20, 4, 1);
   ASSERT_NE(ch, nullptr);
-  cxr_heap *ctl = nullptr;
-  ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
-  uint64_t *word = test_heap_lock_word(ctl);
-  const uint64_t held = test_live_lock_word();  // a live process that never unlocks
+  Ctl ctl(name);
+  ASSERT_NE(ctl.h, nullptr);
+  uint64_t *word = test_heap_lock_word(ctl.h);
+  const uint64_t held = cxr__plock_self_id();  // a live process that never unlocks
   ASSERT_NE(held, 0u);
   std::string path = peer_path();
   auto connect_ms = [&](int *rc) {  // a new process's connect with a 300 ms timeout
@@ -996,33 +1012,8 @@ TEST(CallLimits, AConnectGivesUpByItsTimeoutWhileAClientJamsTheControlHeapsLock)
   __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
   connect_ms(&rc);
   EXPECT_EQ(rc, 0);
-  cxr_heap_close(ctl);
   cxr_channel_close(ch);
 }
-
-// The control block of channel `name` as a client maps it (any client can write it all).
-struct Ctl {
-  cxr_heap *h = nullptr;
-  cxr__chan_block *cb = nullptr;
-  explicit Ctl(const std::string &name) {
-    if (cxr_heap_open(&h, ("ch." + name).c_str()) == 0)
-      cb = static_cast<cxr__chan_block *>(cxr_heap_get_root(h));
-  }
-  ~Ctl() {
-    if (h) cxr_heap_close(h);
-  }
-  // The slot whose heap is the connection heap of c.
-  int slot_of(cxr_conn *c) const {
-    const char *heap = cxr_heap_name(cxr_conn_heap(c));
-    for (unsigned k = 0; k < cb->max_conns && k < CXR__MAX_CONNS && heap; k++)
-      if (strncmp(cb->slots[k].heap, heap, sizeof cb->slots[k].heap) == 0) return (int)k;
-    return -1;
-  }
-  void wake_manager() const {
-    __atomic_fetch_add(&cb->mgr_bell, 1, __ATOMIC_SEQ_CST);
-    cxr__futex_wake(&cb->mgr_bell, INT_MAX);
-  }
-};
 
 TEST(CallLimits, AForgedFreeDoesNotHandALiveConnectionsHeapToTheNextClient) {
   // A client wrote FREE into another client's claimed slot: the manager readied that slot
@@ -1094,9 +1085,7 @@ TEST(CallLimits, AClearedActiveBitDoesNotStarveAConnection) {
   ASSERT_EQ(cxr_conn_call(a, M_NOOP, nullptr, nullptr, nullptr), 0);
   usleep(300000);  // the manager has seen it claimed (it looks every 50 ms)
   __atomic_store_n(&ctl.cb->active[0], 0ull, __ATOMIC_SEQ_CST);
-  cxr_call_opts o;
-  cxr_call_opts_init(&o);
-  o.deadline_ns = 2000000000;
+  cxr_call_opts o = with_deadline(2000000000);
   EXPECT_EQ(cxr_conn_call(a, M_NOOP, nullptr, nullptr, &o), 0) << "not served any more";
   cxr_conn_close(a);
   cxr_channel_close(ch);
