@@ -223,7 +223,8 @@ TEST_F(Hostile, CopyInRefusesPointersOutsideTheRange) {
       }
     });
     const auto deadline = std::chrono::steady_clock::now() + kRaceFor;
-    for (; raced < kRaced && std::chrono::steady_clock::now() < deadline; copies++) {
+    for (; (raced < kRaced || refused == 0) && std::chrono::steady_clock::now() < deadline;
+         copies++) {
       uint64_t f0 = flips.load(std::memory_order_relaxed);
       c = nullptr;
       int rc = cxrtest_Everything_copy_in(dst, s, &r, &c);
