@@ -105,7 +105,7 @@ class Rewriter {
 };
 
 const int kRaced = 20000;
-const auto kRaceFor = std::chrono::seconds(10);
+const auto kRaceFor = std::chrono::seconds(30);
 
 // The copy must size, fill and branch on one read of each count and oneof case: a second
 // read that sees another value makes it write past the block it allocated, or fill the

@@ -272,8 +272,9 @@ TEST_F(Hostile, AReplyStillInFlightKeepsItsResultHeapFromOtherConnections) {
   h.arg_len = sizeof fill;
   struct iovec iov = {fill, sizeof fill};
   ASSERT_EQ(cxr_rdma_am_post(ep, R_CALL, &h, sizeof h, &iov, 1), 0);
-  usleep(500000);  // the handler has run and the reply waits for us (a close before the
-                   // call reached a worker would leave nothing to run it on)
+  usleep(2000000);  // the handler has run and the reply waits for us (a close before the
+                    // call reached a worker would leave nothing to run it on; 2 s, for
+                    // sanitizer builds on a loaded machine)
   r_close cl = {R_MAGIC, 0, id, 77, 0};
   ASSERT_EQ(cxr_rdma_am_post(ep, R_CLOSE, &cl, sizeof cl, nullptr, 0), 0);
   usleep(2200000);  // the server's reply wait (2 s) gives up, the close goes through
@@ -413,7 +414,9 @@ TEST(HostileServer, BrokenRepliesEndCallsWithErrors) {
   const char *want[] = {nullptr, "err -14", "err -21", "err -14", "err -21", "err -12"};
   for (int mode = 1; mode <= 5; mode++) {
     f.mode = mode;
-    EXPECT_EQ(c.ask("noop 500", 15000), want[mode]) << "mode " << mode;
+    // 5 s for the modes that answer (a slow round trip is not the error looked for), 500 ms
+    // for the one that never does.
+    EXPECT_EQ(c.ask(mode == 5 ? "noop 500" : "noop 5000", 15000), want[mode]) << "mode " << mode;
   }
   f.mode = 0;
   EXPECT_EQ(c.ask("whoami", 15000), "ok 4242");

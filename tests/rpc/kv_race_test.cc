@@ -39,8 +39,9 @@ bool alive(const Peer &p) {
 int get(cxr_conn *c, const cxr_bytes *rq, std::string *value) {
   char buf[64];
   int64_t len;
-  // A dead server must not hold the loop for the default 5 s.
-  int rc = kvc_get(c, rq, 500000000, buf, sizeof buf, &len);
+  // 3 s: a dead server ends the call sooner (the connection's liveness check); a late answer
+  // on a loaded machine under TSan must not count as a wrong one.
+  int rc = kvc_get(c, rq, 3000000000, buf, sizeof buf, &len);
   if (len >= 0) value->assign(buf, std::min<size_t>((size_t)len, sizeof buf));
   else *value = rc == 0 ? "<miss>" : "";
   return rc;

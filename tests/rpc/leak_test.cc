@@ -39,7 +39,7 @@ TEST(Leak, ThousandConnectCyclesLeakNothing) {
   ASSERT_GT(srv.pid, 0);
   auto cycle = [&](int i) {
     cxr_conn *c;
-    int rc = cxr_connect(&c, name.c_str(), nullptr);
+    int rc = connect_patiently(&c, name);
     if (rc != 0) return rc;
     add_args a = {i, 1};
     cxr_call_opts o = inline_opts(sizeof a);

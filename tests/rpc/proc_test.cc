@@ -199,7 +199,7 @@ void killed_client_is_reclaimed(int workers) {
   std::vector<cxr_conn *> more;
   for (int i = 0; i < 6; i++) {
     cxr_conn *x;
-    ASSERT_EQ(cxr_connect(&x, name.c_str(), nullptr), 0);
+    ASSERT_EQ(connect_patiently(&x, name), 0);
     EXPECT_EQ(cxr_conn_call(x, M_NOOP, nullptr, nullptr, nullptr), 0);
     more.push_back(x);
   }
@@ -302,11 +302,18 @@ TEST_F(Proc, AForgedCloseDoesNotReadyASlotWhoseRecycleWaitsForAWorker) {
   ASSERT_NO_FATAL_FAILURE(serve("forge", 2));
   cxr_conn *busy = nullptr;
   ASSERT_EQ(cxr_connect(&busy, name.c_str(), nullptr), 0);
-  sleep_args a = {1500};
-  cxr_call_opts o = inline_opts(sizeof a, 10000000000);
+  // The handler is long enough that it is still running when the state is read below,
+  // however slowly a loaded machine gets there (else READY would be right).
+  sleep_args a = {4000};
+  cxr_call_opts o = inline_opts(sizeof a, 20000000000);
+  cxr__rview req, resp;
+  ASSERT_EQ(cxr__conn_rings(busy, &req, &resp), 0);
+  const uint64_t taken = __atomic_load_n(&req.r->head, __ATOMIC_ACQUIRE);
   cxr_future *f = nullptr;
   ASSERT_EQ(cxr_conn_call_async(busy, M_SLEEP, &a, &f, &o), 0);
-  usleep(100000);  // a worker is inside that handler
+  // A worker is inside that handler once the server took the request off the ring.
+  ASSERT_TRUE(eventually([&] { return __atomic_load_n(&req.r->head, __ATOMIC_ACQUIRE) > taken; },
+                         10000));
   cxr_heap *ctl = nullptr;
   ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
   auto *cb = (cxr__chan_block *)cxr_heap_get_root(ctl);

@@ -175,6 +175,16 @@ inline int count_lines(const char *path) {
 
 inline int64_t ms_since(int64_t t0) { return (cxr_now_ns() - t0) / 1000000; }
 
+// A connect that waits up to 20 s for the server to ready a slot (the default is 2 s): for
+// tests that connect beyond the pool, where a loaded machine or TSan can make the server's
+// new heap late, and a late slot is not what the test looks for.
+inline int connect_patiently(cxr_conn **c, const std::string &name) {
+  cxr_conn_opts o;
+  cxr_conn_opts_init(&o);
+  o.connect_timeout_ns = 20000000000;
+  return cxr_connect(c, name.c_str(), &o);
+}
+
 // Polls cond every 2 ms for at most timeout_ms.
 template <class F>
 inline bool eventually(F cond, int timeout_ms = 5000) {

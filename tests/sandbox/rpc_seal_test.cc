@@ -224,7 +224,10 @@ TEST_F(RpcSeal, ReconnectGetsAFreshTable) {
     cxr_heap_free(cxr_conn_heap(c), a);
     cxr_conn_close(c);
     c = nullptr;
-    ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+    cxr_conn_opts co;  // a pool of 1: wait (up to 20 s) for the server to recycle the slot
+    cxr_conn_opts_init(&co);
+    co.connect_timeout_ns = 20000000000;
+    ASSERT_EQ(cxr_connect(&c, name.c_str(), &co), 0);
   }
 }
 
