@@ -331,14 +331,19 @@ void *cxr_vec_alloc(cxr_heap *h, size_t elem, uint64_t n) {
 
 /* With a range (_copy_in), each block a copy is about to read, at the address and count it
  * read once, must lie inside r: a pointer its writer swapped after validation could reach
- * any memory the copying process maps (the server's own heap, say) and copy it out. */
-int cxr__cp_in(const cxr_range *r, const void *p, uint64_t count, size_t elem, size_t align) {
-  if (!r || count == 0) return 0;
-  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)r->p;
-  if (!lo || r->len > UINTPTR_MAX - lo) return CXR_EBADPTR;
-  uintptr_t hi = lo + r->len;
-  if (a < lo || a >= hi || count > (hi - a) / (elem ? elem : 1)) return CXR_EBADPTR;
+ * any memory the copying process maps (the server's own heap, say) and copy it out. And the
+ * copy reads at most r's length in all: see cxr__cpsrc. */
+int cxr__cp_in(cxr__cpsrc *src, const void *p, uint64_t count, size_t elem, size_t align) {
+  if (!src || count == 0) return 0;
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)src->r.p;
+  if (!lo || src->r.len > UINTPTR_MAX - lo) return CXR_EBADPTR;
+  uintptr_t hi = lo + src->r.len;
+  if (elem == 0) elem = 1;
+  if (a < lo || a >= hi || count > (hi - a) / elem) return CXR_EBADPTR;
   if (align > 1 && (a & (align - 1))) return CXR_EBADPTR;
+  uint64_t n = count * elem; /* no overflow: at most hi - a */
+  if (n > src->left) return CXR_EPROTO;
+  src->left -= n;
   return 0;
 }
 
@@ -354,57 +359,59 @@ void *cxr__cp_array(cxr_heap *to, const void *src, uint64_t count, size_t elem) 
   return cxr__cp_mem(to, src, (size_t)(count * elem));
 }
 
-int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s, const cxr_range *r) {
+int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s, cxr__cpsrc *src) {
   const char *ptr = CXR__LOAD(&s->ptr);
   uint64_t len = CXR__LOAD(&s->len);
   d->ptr = NULL;
   d->len = 0;
   if (!len) return 0;
-  if (cxr__cp_in(r, ptr, len, 1, 1)) return CXR_EBADPTR;
-  return cxr_str_set(to, d, ptr, len);
+  int rc = cxr__cp_in(src, ptr, len, 1, 1);
+  return rc ? rc : cxr_str_set(to, d, ptr, len);
 }
 
-int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s, const cxr_range *r) {
+int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s, cxr__cpsrc *src) {
   const uint8_t *ptr = CXR__LOAD(&s->ptr);
   uint64_t len = CXR__LOAD(&s->len);
   d->ptr = NULL;
   d->len = 0;
   if (!len) return 0;
-  if (cxr__cp_in(r, ptr, len, 1, 1)) return CXR_EBADPTR;
-  return cxr_bytes_set(to, d, ptr, len);
+  int rc = cxr__cp_in(src, ptr, len, 1, 1);
+  return rc ? rc : cxr_bytes_set(to, d, ptr, len);
 }
 
-int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, const cxr_range *r) {
+int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, cxr__cpsrc *src) {
   const cxr_str *items = CXR__LOAD(&s->items);
   uint64_t n = CXR__LOAD(&s->count);
   d->items = NULL;
   d->count = 0;
   if (!n) return 0;
-  if (cxr__cp_in(r, items, n, sizeof *items, _Alignof(cxr_str))) return CXR_EBADPTR;
+  int rc = cxr__cp_in(src, items, n, sizeof *items, _Alignof(cxr_str));
+  if (rc) return rc;
   cxr_str *out = cxr_vec_alloc(to, sizeof *out, n);
   if (!out) return CXR_ENOMEM;
   d->items = out;
   d->count = n;
   for (uint64_t i = 0; i < n; i++) {
-    int rc = cxr__cp_str(to, &out[i], &items[i], r);
+    rc = cxr__cp_str(to, &out[i], &items[i], src);
     if (rc) return rc;
   }
   return 0;
 }
 
-int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, const cxr_range *r) {
+int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__cpsrc *src) {
   const cxr_bytes *items = CXR__LOAD(&s->items);
   uint64_t n = CXR__LOAD(&s->count);
   d->items = NULL;
   d->count = 0;
   if (!n) return 0;
-  if (cxr__cp_in(r, items, n, sizeof *items, _Alignof(cxr_bytes))) return CXR_EBADPTR;
+  int rc = cxr__cp_in(src, items, n, sizeof *items, _Alignof(cxr_bytes));
+  if (rc) return rc;
   cxr_bytes *out = cxr_vec_alloc(to, sizeof *out, n);
   if (!out) return CXR_ENOMEM;
   d->items = out;
   d->count = n;
   for (uint64_t i = 0; i < n; i++) {
-    int rc = cxr__cp_bytes(to, &out[i], &items[i], r);
+    rc = cxr__cp_bytes(to, &out[i], &items[i], src);
     if (rc) return rc;
   }
   return 0;

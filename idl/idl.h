@@ -180,18 +180,29 @@ int cxr__v_count(cxr__vctx *v, uint64_t n);
  * a pointer member from another member's bytes. A relaxed atomic load, so that the
  * compiler can neither read the field again nor tear the read. */
 #define CXR__LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
-/* The range check of _copy_in: 0 when r is NULL (a plain _copy), when count is 0, or when
- * count elements of elem bytes at p lie inside r, p aligned to align; else CXR_EBADPTR.
- * The helpers below take the same r (NULL: no check) for each block they read. */
-int cxr__cp_in(const cxr_range *r, const void *p, uint64_t count, size_t elem, size_t align);
-int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s, const cxr_range *r);
-int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s, const cxr_range *r);
+/* What a _copy_in reads from: the range r, and the bytes it may still read there (at
+ * first r's length). The blocks of a tree inside r add up to at most that; a graph whose
+ * writer made subtrees shared or strings overlap after validation would have the copy
+ * read the same bytes again and again, and fill the destination heap from a small request
+ * (2^depth copies of one subtree). */
+typedef struct cxr__cpsrc {
+  cxr_range r;
+  uint64_t left;
+} cxr__cpsrc;
+/* The check of each block _copy_in reads: 0 when src is NULL (a plain _copy), when count
+ * is 0, or when count elements of elem bytes at p lie inside src->r, p aligned to align,
+ * and src->left holds them (then taken from it); CXR_EBADPTR when they lie outside or are
+ * misaligned, CXR_EPROTO when the copy would read more than r's length. The helpers below
+ * take the same src (NULL: no check) for each block they read. */
+int cxr__cp_in(cxr__cpsrc *src, const void *p, uint64_t count, size_t elem, size_t align);
+int cxr__cp_str(cxr_heap *to, cxr_str *d, const cxr_str *s, cxr__cpsrc *src);
+int cxr__cp_bytes(cxr_heap *to, cxr_bytes *d, const cxr_bytes *s, cxr__cpsrc *src);
 void *cxr__cp_mem(cxr_heap *to, const void *src, size_t n);
 /* count elements of elem bytes from src into `to`; NULL when out of memory or when
  * count * elem overflows (the count is a peer's value, whatever the validator saw). */
 void *cxr__cp_array(cxr_heap *to, const void *src, uint64_t count, size_t elem);
-int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, const cxr_range *r);
-int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, const cxr_range *r);
+int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, cxr__cpsrc *src);
+int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__cpsrc *src);
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a);
 void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a);
 bool cxr__eq_mem(const void *a, uint64_t alen, const void *b, uint64_t blen);

@@ -11,7 +11,8 @@ static bool is_float(const gm_field *x) { return x->kind == GK_FLOAT || x->kind 
  * it is read once (CXR__LOAD) into a local that sizes, fills and branches, and each block is
  * written through the local that received it, never through the destination read back (a
  * copy can go to a peer's heap too). With a range r (_copy_in), each block is checked to lie
- * inside r at that one read before anything reads it (cxr__cp_in; r NULL for _copy). */
+ * inside r at that one read before anything reads it, and counted against r's length
+ * (cxr__cp_in; r NULL for _copy). */
 
 static void copy_value(gen_buf *c, const gm_field *x, const char *d, const char *s,
                        const char *ind) {
@@ -26,8 +27,8 @@ static void copy_value(gen_buf *c, const gm_field *x, const char *d, const char 
       const char *m = x->msg->cname;
       gb_printf(c, "%s{\n%s  const %s *src_msg = CXR__LOAD(&%s);\n", ind, ind, m, s);
       gb_printf(c, "%s  if (src_msg) {\n", ind);
-      gb_printf(c, "%s    if (cxr__cp_in(r, src_msg, 1, sizeof *src_msg, _Alignof(%s)))\n"
-                   "%s      return CXR_EBADPTR;\n", ind, m, ind);
+      gb_printf(c, "%s    if ((rc = cxr__cp_in(r, src_msg, 1, sizeof *src_msg, _Alignof(%s))))\n"
+                   "%s      return rc;\n", ind, m, ind);
       gb_printf(c, "%s    %s *dst_msg = %s_new(to);\n", ind, m, m);
       gb_printf(c, "%s    if (!dst_msg) return CXR_ENOMEM;\n%s    %s = dst_msg;\n", ind, ind, d);
       gb_printf(c, "%s    if ((rc = %s__cin(to, src_msg, dst_msg, r, depth + 1))) return rc;\n",
@@ -53,8 +54,8 @@ static void copy_repeated(gen_buf *c, const gm_field *x) {
       const char *m = x->msg->cname;
       gb_printf(c, "  {\n    const %s *src_items = CXR__LOAD(&s->%s.items);\n", m, n);
       gb_printf(c, "    uint64_t src_count = CXR__LOAD(&s->%s.count);\n    if (src_count) {\n", n);
-      gb_printf(c, "      if (cxr__cp_in(r, src_items, src_count, sizeof *src_items,\n"
-                   "                     _Alignof(%s)))\n        return CXR_EBADPTR;\n", m);
+      gb_printf(c, "      if ((rc = cxr__cp_in(r, src_items, src_count, sizeof *src_items,\n"
+                   "                           _Alignof(%s))))\n        return rc;\n", m);
       gb_printf(c, "      %s *dst_items = (%s *)cxr_vec_alloc(to, sizeof *dst_items, src_count);\n",
                 m, m);
       gb_printf(c, "      if (!dst_items) return CXR_ENOMEM;\n      d->%s.items = dst_items;\n", n);
@@ -67,9 +68,9 @@ static void copy_repeated(gen_buf *c, const gm_field *x) {
     default:
       gb_printf(c, "  {\n    const void *src_items = CXR__LOAD(&s->%s.items);\n", n);
       gb_printf(c, "    uint64_t src_count = CXR__LOAD(&s->%s.count);\n    if (src_count) {\n", n);
-      gb_printf(c, "      if (cxr__cp_in(r, src_items, src_count, sizeof *d->%s.items,\n"
-                   "                     _Alignof(__typeof__(*d->%s.items))))\n"
-                   "        return CXR_EBADPTR;\n", n, n);
+      gb_printf(c, "      if ((rc = cxr__cp_in(r, src_items, src_count, sizeof *d->%s.items,\n"
+                   "                           _Alignof(__typeof__(*d->%s.items)))))\n"
+                   "        return rc;\n", n, n);
       gb_printf(c, "      void *dst_items = cxr__cp_array(to, src_items, src_count, "
                    "sizeof *d->%s.items);\n", n);
       gb_printf(c, "      if (!dst_items) return CXR_ENOMEM;\n      d->%s.items = dst_items;\n", n);
@@ -264,7 +265,9 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
             "left).\n"
             " * _copy_in: the same, from a graph its writer may still change (a validated, "
             "unsealed\n *        argument): CXR_EBADPTR when a pointer, with the count or "
-            "length read with it,\n *        lies outside r (cxr_call_arg_range).\n"
+            "length read with it,\n *        lies outside r (cxr_call_arg_range); CXR_EPROTO "
+            "when it would read more\n *        bytes than r holds (blocks shared or "
+            "overlapping since validation).\n"
             " * _free: frees m and everything it points to, all allocated in h (by _new, "
             "cxr_str_set,\n *        CXR_VEC_ALLOC, _copy or _from_pb).\n"
             " * _equal: same content (presence, oneof cases, values; -0 == 0, NaN == NaN).\n"
@@ -285,7 +288,7 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
   gb_printf(h, "/* internal */\n");
   for (size_t i = 0; i < f->nmsgs; i++) {
     const char *n = f->msgs[i]->cname;
-    gb_printf(h, "int %s__cin(cxr_heap *to, const void *src, void *dst, const cxr_range *r,\n"
+    gb_printf(h, "int %s__cin(cxr_heap *to, const void *src, void *dst, cxr__cpsrc *r,\n"
                  "    unsigned depth);\n", n);
     gb_printf(h, "void %s__fin(cxr_heap *h, void *p);\n", n);
     gb_printf(h, "bool %s__eq(const void *pa, const void *pb);\n", n);
@@ -294,7 +297,7 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
   for (size_t i = 0; i < f->nmsgs; i++) {
     const gm_msg *g = f->msgs[i];
     const char *n = g->cname;
-    gb_printf(c, "\nint %s__cin(cxr_heap *to, const void *src, void *dst, const cxr_range *r,\n"
+    gb_printf(c, "\nint %s__cin(cxr_heap *to, const void *src, void *dst, cxr__cpsrc *r,\n"
                  "    unsigned depth) {\n", n);
     gb_printf(c, "  const %s *s = (const %s *)src;\n  %s *d = (%s *)dst;\n  int rc = 0;\n", n, n,
               n, n);
@@ -330,9 +333,11 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
     gb_printf(c,
               "\nint %s_copy_in(cxr_heap *to, const %s *m, const cxr_range *r, %s **out) {\n"
               "  if (!to || !m || !r || !out) return CXR_EINVAL;\n"
-              "  if (cxr__cp_in(r, m, 1, sizeof *m, _Alignof(%s))) return CXR_EBADPTR;\n"
+              "  cxr__cpsrc src = {*r, r->len};  /* reads at most r's length (cxr__cp_in) */\n"
+              "  int rc = cxr__cp_in(&src, m, 1, sizeof *m, _Alignof(%s));\n"
+              "  if (rc) return rc;\n"
               "  %s *d = %s_new(to);\n  if (!d) return CXR_ENOMEM;\n"
-              "  int rc = %s__cin(to, m, d, r, 0);\n"
+              "  rc = %s__cin(to, m, d, &src, 0);\n"
               "  if (rc) {\n    %s_free(to, d);\n    return rc;\n  }\n"
               "  *out = d;\n  return 0;\n}\n",
               n, n, n, n, n, n, n, n);

@@ -15,6 +15,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <cxrpc/sandbox.h>
 
@@ -105,7 +106,21 @@ class Rewriter {
 };
 
 const int kRaced = 20000;
-const auto kRaceFor = std::chrono::seconds(30);
+
+// Whether a race loop goes on: until kRaced runs overlapped a flip, but no longer than 10 s
+// once 100 did (the least the tests ask for), and no longer than 30 s at all (a loaded
+// machine can leave the peer without a CPU for long stretches).
+class RaceClock {
+ public:
+  bool more(int raced) const {
+    auto t = std::chrono::steady_clock::now() - t0_;
+    if (raced >= kRaced || t > std::chrono::seconds(30)) return false;
+    return raced < 100 || t < std::chrono::seconds(10);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
 
 // The copy must size, fill and branch on one read of each count and oneof case: a second
 // read that sees another value makes it write past the block it allocated, or fill the
@@ -118,8 +133,8 @@ TEST_F(Hostile, CopyOfASourceRewrittenMeanwhileIsSelfConsistent) {
   int copies = 0, raced = 0, bad_count = 0, bad_case = 0;
   {
     Rewriter peer(s);
-    const auto deadline = std::chrono::steady_clock::now() + kRaceFor;
-    for (; raced < kRaced && std::chrono::steady_clock::now() < deadline; copies++) {
+    RaceClock clock;
+    for (; clock.more(raced); copies++) {
       uint64_t f0 = peer.flips();
       Ev *c = nullptr;
       ASSERT_EQ(cxrtest_Everything_copy(dst, s, &c), 0);
@@ -222,9 +237,8 @@ TEST_F(Hostile, CopyInRefusesPointersOutsideTheRange) {
         flips.store(k + 1, std::memory_order_relaxed);
       }
     });
-    const auto deadline = std::chrono::steady_clock::now() + kRaceFor;
-    for (; (raced < kRaced || refused == 0) && std::chrono::steady_clock::now() < deadline;
-         copies++) {
+    RaceClock clock;
+    for (; clock.more(raced) || (refused == 0 && clock.more(0)); copies++) {
       uint64_t f0 = flips.load(std::memory_order_relaxed);
       c = nullptr;
       int rc = cxrtest_Everything_copy_in(dst, s, &r, &c);
@@ -247,6 +261,64 @@ TEST_F(Hostile, CopyInRefusesPointersOutsideTheRange) {
   EXPECT_EQ(st.used, st0.used) << "blocks left behind after " << copies << " copies";
 }
 
+// _copy_in of a graph its writer turned, after validation, into one that reads the same
+// bytes again and again: subtrees shared at every level (2^40 paths through 40 small
+// arrays), or 1000 strings over one 64 KiB run of bytes (62.5 MiB from 64 KiB). The copy
+// followed every path and filled the 32 MiB destination (CXR_ENOMEM, and the store of
+// examples/docstore full meanwhile). Now a copy reads at most its range's length (8 MiB
+// here): CXR_EPROTO, and nothing is left behind.
+TEST_F(Hostile, CopyInOfSharedOrOverlappingBlocksStopsAtItsRangesLength) {
+  const cxr_range r = {cxr_heap_base(src), cxr_heap_size(src)};
+  cxr_heap_stats st0, st;
+  ASSERT_EQ(cxr_heap_stats(dst, &st0), 0);
+
+  const int kLevels = 40;
+  std::vector<Tree *> level(kLevels + 1, nullptr);  // level[k]: an array of 2 inline Trees
+  for (int k = kLevels; k >= 0; k--) {
+    level[k] = (Tree *)cxr_vec_alloc(src, sizeof(Tree), 2);
+    ASSERT_NE(level[k], nullptr);
+    for (int j = 0; j < 2 && k < kLevels; j++) level[k][j].children = {level[k + 1], 2};
+  }
+  Tree *root = cxrtest_open_Tree_new(src);
+  ASSERT_NE(root, nullptr);
+  root->children = {level[0], 2};
+  Tree *tc = nullptr;
+  int64_t t0 = cxr_now_ns();
+  EXPECT_EQ(cxrtest_open_Tree_copy_in(dst, root, &r, &tc), CXR_EPROTO);
+  printf("shared subtrees: refused after %.1f ms\n", (cxr_now_ns() - t0) / 1e6);
+  EXPECT_EQ(tc, nullptr);
+  ASSERT_EQ(cxr_heap_stats(dst, &st), 0);
+  EXPECT_EQ(st.used, st0.used) << "the refused copy left blocks behind";
+
+  const size_t kRun = 64 << 10;
+  const uint64_t kStrings = 1000;
+  char *run = (char *)cxr_heap_alloc(src, kRun);
+  ASSERT_NE(run, nullptr);
+  memset(run, 'x', kRun);
+  Ev *e = racing_source(src);
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(CXR_VEC_ALLOC(src, e->r_string, kStrings));
+  for (uint64_t i = 0; i < kStrings; i++) e->r_string.items[i] = {run, kRun};
+  Ev *ec = nullptr;
+  EXPECT_EQ(cxrtest_Everything_copy_in(dst, e, &r, &ec), CXR_EPROTO);
+  EXPECT_EQ(ec, nullptr);
+  ASSERT_EQ(cxr_heap_stats(dst, &st), 0);
+  EXPECT_EQ(st.used, st0.used) << "the refused copy left blocks behind";
+
+  // The same graphs cut to what the range holds are copied whole: 100 strings over the run
+  // (6.25 MiB), and the tree's first 10 levels (2^11 - 1 nodes).
+  e->r_string.count = 100;
+  ASSERT_EQ(cxrtest_Everything_copy_in(dst, e, &r, &ec), 0);
+  EXPECT_TRUE(cxrtest_Everything_equal(e, ec));
+  cxrtest_Everything_free(dst, ec);
+  for (int j = 0; j < 2; j++) level[10][j].children = {nullptr, 0};
+  ASSERT_EQ(cxrtest_open_Tree_copy_in(dst, root, &r, &tc), 0);
+  EXPECT_TRUE(cxrtest_open_Tree_equal(root, tc));
+  cxrtest_open_Tree_free(dst, tc);
+  ASSERT_EQ(cxr_heap_stats(dst, &st), 0);
+  EXPECT_EQ(st.used, st0.used);
+}
+
 // _to_pb the same way: it allocated a repeated field's array by one read of the count, set
 // n_ by a second and filled by a third, so a count that grew in between wrote past the
 // array (malloc's heap of the converting process), and one that shrank left NULL elements
@@ -257,8 +329,8 @@ TEST_F(Hostile, ToPbOfASourceRewrittenMeanwhileIsSelfConsistent) {
   int conversions = 0, raced = 0, bad = 0;
   {
     Rewriter peer(s);
-    const auto deadline = std::chrono::steady_clock::now() + kRaceFor;
-    for (; raced < kRaced && std::chrono::steady_clock::now() < deadline; conversions++) {
+    RaceClock clock;
+    for (; clock.more(raced); conversions++) {
       uint64_t f0 = peer.flips();
       Cxrtest__Everything *pb = nullptr;
       ASSERT_EQ(cxrtest_Everything_to_pb(s, &pb), 0);
