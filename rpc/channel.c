@@ -318,8 +318,11 @@ static bool manage_once(cxr_channel *ch, bool check_liveness) {
     uint64_t o = CXR__LD(&s->owner);
     unsigned st = cxr__owner_state(o);
     if (state_forged(sc, o)) {
-      CXR_WARN("channel %s: connection %u was put in state %u by someone else; taking it "
-               "back", ch->name, k, st);
+      /* The 1st, 2nd, 4th...: a client can forge states as fast as the manager looks. */
+      uint64_t n = ++ch->forged_seen;
+      if ((n & (n - 1)) == 0)
+        CXR_WARN("channel %s: connection %u was put in state %u by someone else; taking it "
+                 "back (%llu such states so far)", ch->name, k, st, (unsigned long long)n);
       if (!sc->readied) { /* not handed out: its heap goes (the writer may map it), FREE */
         sconn_destroy(ch, sc);
         CXR__CAS(&s->owner, &o, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));

@@ -101,6 +101,7 @@ struct cxr_channel {
   uint64_t claimed[CXR__MAX_CONNS / 64];
   struct cxr__rlisten *remote; /* listener for other racks (rpc/remote.c), or NULL */
   struct cxr__seal_chan *seal; /* seal tables of the slots (rpc/seal_glue.c), or NULL */
+  uint64_t forged_seen;        /* (manager) forged slot states taken back since open */
 };
 
 /* serve.c */

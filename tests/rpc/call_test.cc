@@ -996,6 +996,52 @@ TEST(CallLimits, ASlotMarkedClosedThatWasNeverServedIsPutBack) {
   cxr_channel_close(ch);
 }
 
+TEST(CallLimits, AClientForgingSlotStatesDoesNotFloodTheLog) {
+  // The manager warned once per forged state it took back: a client writing states as fast
+  // as the manager looks wrote the server's log full. Now it warns at the 1st, 2nd, 4th...
+  // (64 forgeries: 7 lines, not 64).
+  std::string name = uniq("flood");
+  cxr_channel *ch = serving(name, 1u << 20, 4, 1);
+  ASSERT_NE(ch, nullptr);
+  Ctl ctl(name);
+  cxr__chan_block *cb = ctl.cb;
+  ASSERT_NE(cb, nullptr);
+  char path[] = "/tmp/cxrpc-flood-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  unlink(path);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  int level = cxr_log_level();
+  cxr_log_set_level(CXR_LOG_WARN);
+  int taken_back = 0;
+  for (int n = 0; n < 64; n++) {
+    uint64_t o = CXR__LD(&cb->slots[3].owner);  // pool 1: slot 3 is never made ready
+    if (cxr__owner_state(o) != CXR__SLOT_FREE) break;
+    CXR__ST(&cb->slots[3].owner,
+            cxr__owner((uint32_t)getpid(), CXR__SLOT_CLOSING, cxr__owner_gen(o)));
+    ctl.wake_manager();
+    if (!eventually([&] {
+          return cxr__owner_state(CXR__LD(&cb->slots[3].owner)) == CXR__SLOT_FREE;
+        }, 10000))
+      break;
+    taken_back++;
+  }
+  cxr_log_set_level(level);
+  dup2(saved, 2);
+  close(saved);
+  std::string log(1 << 16, '\0');
+  ssize_t got = pread(fd, &log[0], log.size(), 0);
+  close(fd);
+  log.resize(got > 0 ? (size_t)got : 0);
+  int lines = 0;
+  for (size_t at = 0; (at = log.find("by someone else", at)) != std::string::npos; at++) lines++;
+  EXPECT_EQ(taken_back, 64);
+  EXPECT_EQ(lines, 7) << log;
+  cxr_channel_close(ch);
+}
+
 TEST(CallLimits, AConnectGivesUpByItsTimeoutWhileAClientJamsTheControlHeapsLock) {
   // Every client can write the channel's control heap, its lock word too: one that leaves it
   // "held" under a live process's identity made every later connect (a new process opening
