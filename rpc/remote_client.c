@@ -581,9 +581,12 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
   if (o->ranges == NULL && args != NULL && !inl) h.arg_len = rg[0].len;
   int err = cxr__am_send_owned(rc->ep, R_CALL, &h, sizeof h, iov, niov, own, f->deadline);
   if (err) {
-    /* Not sent (or not within the deadline): the call ends here. */
-    if (expire(f, err == CXR_ETIMEDOUT ? CXR_ETIMEDOUT : err)) {
-    }
+    /* Not sent (or not within the deadline): the call ends here. A send that gave up at its
+     * deadline is still UCX's and may go out later (a receiver that does not take a large
+     * argument in time): the server is told not to run it, as for a reply that came late.
+     * (It counts the deadline from the call's arrival, so it would run it.) */
+    expire(f, err);
+    if (err == CXR_ETIMEDOUT) tell_server(c, f);
     int d = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
     cxr_future_free(f);
     CXR__ADD(&c->slot->cli.errors, 1);

@@ -6,6 +6,7 @@
 // ends pending calls with CXR_EPEERDEAD; a link taken down gives deadline errors and the
 // connection recovers; unknown hosts and channels fail clearly within the deadline.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,6 +350,28 @@ TEST_F(NetnsRemote, ACallWhoseDeadlinePassesInTheQueueDoesNotRun) {
   ASSERT_EQ(ask(a, "connect 5000"), "ok");
   EXPECT_EQ(ask(a, "queued 200", 15000), "ok " + std::to_string(CXR_ETIMEDOUT) + " 0");
   EXPECT_EQ(ask(a, "noop 2500"), "ok");
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
+TEST_F(NetnsRemote, ACallWhoseSendTimesOutDoesNotRunWhenItArrivesLate) {
+  // The server is stopped while a call with a 32 MiB argument goes out: the send cannot
+  // finish by the call's 300 ms deadline, and the call ends with CXR_ETIMEDOUT. UCX keeps
+  // the send, and it reaches the server once it runs again; the server counts the deadline
+  // from the arrival, so it ran the call the client had given up on. Now the client tells
+  // it not to (as it does when a reply is late), and no spin starts.
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  const std::string before = ask(a, "spincounts");
+  ASSERT_EQ(before.rfind("ok ", 0), 0u) << before;
+  ASSERT_EQ(kill(s.pid, SIGSTOP), 0);
+  std::string late = ask(a, "latesend 32 300", 15000);
+  kill(s.pid, SIGCONT);
+  EXPECT_EQ(late, "err -12");  // CXR_ETIMEDOUT
+  usleep(2000000);  // the late send arrives (32 MiB over the veth: well under a second)
+  EXPECT_EQ(ask(a, "noop 5000"), "ok");
+  EXPECT_EQ(ask(a, "spincounts"), before) << "the server ran the call the client gave up on";
   EXPECT_EQ(a.stop(), 0);
   EXPECT_EQ(s.stop(), 0);
 }

@@ -510,6 +510,34 @@ static int client(const char *t) {
       }
       if (rc) printf("err %d %ld\n", rc, (long)((cxr_now_ns() - t0) / 1000000));
       else printf("ok\n");
+    } else if (sscanf(line, "latesend %ld %ld", &a, &b) == 2 && a > 0 && a <= 48) {
+      /* A spin call whose argument ships a MiB block (the first 8 bytes: spin 10 ms), deadline
+       * b ms: against a stopped server, its send cannot finish in time. */
+      size_t len = (size_t)a << 20;
+      int64_t *blk = cxr_heap_alloc(cxr_conn_heap(conn), len);
+      int rc = blk ? 0 : CXR_ENOMEM;
+      if (blk) {
+        memset(blk, 0, len);
+        blk[0] = 10;
+        cxr_range rg = {blk, len};
+        cxr_call_opts o;
+        cxr_call_opts_init(&o);
+        o.deadline_ns = b * 1000000;
+        o.arg_len = sizeof *blk;
+        o.ranges = &rg;
+        o.nranges = 1;
+        rc = cxr_conn_call(conn, M_SPIN, blk, NULL, &o);
+        cxr_heap_free(cxr_conn_heap(conn), blk);
+      }
+      if (rc) printf("err %d\n", rc);
+      else printf("ok\n");
+    } else if (strncmp(line, "spincounts", 10) == 0) {
+      int64_t *counts = NULL;
+      int rc = cxr_conn_call(conn, M_SPIN_COUNTS, NULL, (void **)&counts, NULL);
+      if (rc) printf("err %d\n", rc);
+      else if (counts == NULL) printf("err %d\n", CXR_EPROTO);
+      else printf("ok %lld %lld\n", (long long)counts[0], (long long)counts[1]);
+      cxr_conn_free(conn, counts);
     } else if (sscanf(line, "spin %ld %ld", &a, &b) == 2) {
       int64_t ms = a, *counts = NULL;
       cxr_call_opts o;
