@@ -12,6 +12,7 @@
 #include "rpc/remote.h"
 #include "rpc/seal_glue.h"
 #include "rpc/server.h"
+#include "shm/bus_guard.h"
 #include "shm/log.h"
 
 void cxr_channel_opts_init(cxr_channel_opts *o) {
@@ -106,6 +107,7 @@ static void sconn_destroy(cxr_channel *ch, cxr__sconn *sc) {
   __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
   __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
   cxr_heap_close(sc->heap);
+  sc->damaged = false;
   int rc = cxr_heap_unlink(name);
   if (rc != 0 && rc != CXR_ENOENT) CXR_WARN("channel %s: unlink %s: %s", ch->name, name, cxr_strerror(rc));
   sc->heap = NULL;
@@ -220,13 +222,17 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   }
   free(sc->snap);
   sc->snap = NULL;
-  /* Nobody serves it now. Drop queued requests; free results the client never took. */
+  /* Nobody serves it now. Drop queued requests; free results the client never took. (Not
+   * in a heap whose file was shrunk: it goes whole, and what we see of it is zero pages.) */
   cxr__desc d;
-  for (uint32_t i = 0; i <= sc->req.mask && cxr__ring_pop(&sc->req, &d) == 0; i++) {
+  int reaped = 0;
+  if (!sc->damaged) {
+    for (uint32_t i = 0; i <= sc->req.mask && cxr__ring_pop(&sc->req, &d) == 0; i++) {
+    }
+    for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
+      cxr__sconn_free_result(sc, d.ptr);
+    reaped = cxr_heap_reap(sc->heap);
   }
-  for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
-    cxr__sconn_free_result(sc, d.ptr);
-  int reaped = cxr_heap_reap(sc->heap);
   CXR__ADD(dead ? &ch->cb->reclaimed : &ch->cb->disconnects, 1);
   CXR_DEBUG("channel %s: slot %u %s (reaped %d holders)", ch->name, sc->index,
             dead ? "reclaimed from a dead client" : "closed", reaped);
@@ -243,7 +249,7 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
    * heap. A clean close with a tidy heap reuses it (no file operations: a reconnect costs
    * microseconds), unless the client freed the block the rings live in: the next client's
    * blocks would land on them. (The last tenant may still map a reused heap: docs/rpc.md.) */
-  if (dead || bloated || !rings_intact(ch, sc)) sconn_destroy(ch, sc);
+  if (dead || sc->damaged || bloated || !rings_intact(ch, sc)) sconn_destroy(ch, sc);
   sc->readied = false;
   uint64_t o = CXR__LDX(&s->owner);
   CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_FREE, cxr__owner_gen(o)));
@@ -309,18 +315,59 @@ static bool state_forged(const cxr__sconn *sc, uint64_t o) {
          (uint32_t)sc->client.pid != cxr__owner_pid(o);
 }
 
+/* Marks the connections whose heap file another process shrank (the guard repaired our
+ * accesses past its end with private pages): this process no longer sees that heap as the
+ * client does, so manage_once takes them back and they get fresh heaps. Only after a repair
+ * in this process (the counter moved), which is rare: one read of /proc/self/maps. */
+static void find_shrunk_heaps(cxr_channel *ch) {
+  uint64_t n = cxr__bus_repairs();
+  if (n == ch->repairs_seen) return;
+  unsigned m = ch->o.max_conns;
+  uintptr_t *base = calloc(m + 1, sizeof *base);
+  size_t *size = calloc(m + 1, sizeof *size);
+  bool *hit = calloc(m + 1, sizeof *hit);
+  if (base && size && hit) {
+    for (unsigned k = 0; k < m; k++)
+      if (ch->conns[k].heap) {
+        base[k] = (uintptr_t)cxr_heap_base(ch->conns[k].heap);
+        size[k] = cxr_heap_size(ch->conns[k].heap);
+      }
+    base[m] = (uintptr_t)cxr_heap_base(ch->ctl);
+    size[m] = cxr_heap_size(ch->ctl);
+    if (cxr__bus_damaged(base, size, m + 1, hit) == 0) {
+      ch->repairs_seen = n;
+      for (unsigned k = 0; k < m; k++)
+        if (hit[k] && ch->conns[k].heap) ch->conns[k].damaged = true;
+      if (hit[m] && !ch->ctl_damaged) {
+        ch->ctl_damaged = true;
+        CXR_ERR("channel %s: another process shrank the control heap's file: new connects "
+                "fail; reopen the channel", ch->name);
+      }
+    }
+  }
+  free(base);
+  free(size);
+  free(hit);
+}
+
 /* One pass over the slots. Returns true if work is left over (come back soon). */
 static bool manage_once(cxr_channel *ch, bool check_liveness) {
   bool again = false;
+  find_shrunk_heaps(ch);
   for (unsigned k = 0; k < ch->o.max_conns; k++) {
     cxr__sconn *sc = &ch->conns[k];
     cxr__cslot *s = sc->slot;
     uint64_t o = CXR__LD(&s->owner);
     unsigned st = cxr__owner_state(o);
-    if (state_forged(sc, o)) {
-      /* The 1st, 2nd, 4th...: a client can forge states as fast as the manager looks. */
-      uint64_t n = ++ch->forged_seen;
-      if ((n & (n - 1)) == 0)
+    bool shrunk = sc->damaged && !sc->pending;
+    if (shrunk || state_forged(sc, o)) {
+      /* The 1st, 2nd, 4th...: a client can forge states, or shrink heaps, as fast as the
+       * manager looks. */
+      uint64_t n = shrunk ? ++ch->shrunk_seen : ++ch->forged_seen;
+      if ((n & (n - 1)) == 0 && shrunk)
+        CXR_WARN("channel %s: connection %u: its heap file was shrunk by someone else; taking "
+                 "it back (%llu such heaps so far)", ch->name, k, (unsigned long long)n);
+      else if ((n & (n - 1)) == 0)
         CXR_WARN("channel %s: connection %u was put in state %u by someone else; taking it "
                  "back (%llu such states so far)", ch->name, k, st, (unsigned long long)n);
       if (!sc->readied) { /* not handed out: its heap goes (the writer may map it), FREE */
@@ -468,6 +515,9 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
   if (o.listen != NULL && strncmp(o.listen, "ucx://", 6) != 0) return CXR_EINVAL;
   int rc = cxr_init(NULL);
   if (rc != 0 && rc != CXR_EBUSY) return rc;
+  /* A client that shrinks its heap's file must not kill us with SIGBUS (shm/bus_guard.h). */
+  if (cxr__bus_guard_install() != 0)
+    CXR_WARN("channel %s: no SIGBUS guard: a client that shrinks its heap file kills us", name);
 
   cxr_channel *ch = calloc(1, sizeof *ch);
   if (ch == NULL) return CXR_ENOMEM;

@@ -44,6 +44,7 @@ typedef struct cxr__sconn {
    * without writing its start time. */
   bool readied, ours;
   unsigned unstarted;
+  bool damaged;              /* manager: its heap's file was shrunk under us (bus_guard.h) */
 } cxr__sconn;
 
 /* The request-ring slot a single worker watches next (after the rings were set up or the
@@ -102,6 +103,9 @@ struct cxr_channel {
   struct cxr__rlisten *remote; /* listener for other racks (rpc/remote.c), or NULL */
   struct cxr__seal_chan *seal; /* seal tables of the slots (rpc/seal_glue.c), or NULL */
   uint64_t forged_seen;        /* (manager) forged slot states taken back since open */
+  uint64_t repairs_seen;       /* (manager) cxr__bus_repairs() when it last looked */
+  uint64_t shrunk_seen;        /* (manager) connection heaps found shrunk since open */
+  bool ctl_damaged;            /* (manager) the control heap's file was shrunk */
 };
 
 /* serve.c */

@@ -17,6 +17,7 @@
 #include "sandbox/domain.h"
 #include "sandbox/internal.h"
 #include "shm/log.h"
+#include "shm/sigchain.h"
 
 #define ALTSTACK_BYTES (64 * 1024)
 
@@ -35,25 +36,10 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t altstack_key;
 static int install_rc;
 
-static void chain(int sig, siginfo_t *info, void *uc) {
-  struct sigaction *o = sig == SIGSEGV ? &old_segv : &old_bus;
-  if ((o->sa_flags & SA_SIGINFO) && o->sa_sigaction) {
-    o->sa_sigaction(sig, info, uc);
-    return;
-  }
-  if (o->sa_handler != SIG_DFL && o->sa_handler != SIG_IGN) {
-    o->sa_handler(sig);
-    return;
-  }
-  /* Default action: restore it and let the fault happen again (or re-send a sent signal). */
-  signal(sig, SIG_DFL);
-  if (info->si_code <= 0) raise(sig);
-}
-
 static void on_fault(int sig, siginfo_t *info, void *uc) {
   frame *f = cur;
   if (!f) {
-    chain(sig, info, uc);
+    cxr__sig_chain(sig == SIGSEGV ? &old_segv : &old_bus, sig, info, uc);
     return;
   }
   last_fault = info->si_addr;
@@ -75,12 +61,8 @@ static void install(void) {
     install_rc = CXR_ENOMEM;
     return;
   }
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_fault;
-  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
-  sigemptyset(&sa.sa_mask);
-  if (sigaction(SIGSEGV, &sa, &old_segv) != 0 || sigaction(SIGBUS, &sa, &old_bus) != 0)
+  if (cxr__sig_install(SIGSEGV, on_fault, &old_segv) != 0 ||
+      cxr__sig_install(SIGBUS, on_fault, &old_bus) != 0)
     install_rc = CXR_EIO;
 }
 

@@ -387,6 +387,42 @@ TEST_F(Proc, ScribbledRingsHurtOnlyTheirConnection) {
   stop_peer(srv);
 }
 
+TEST_F(Proc, AClientThatShrinksItsHeapFileDoesNotKillTheServer) {
+  // Any client can truncate its connection heap's file (it opens it for writing): the
+  // server's next look at that heap past the new end raised SIGBUS and the server died.
+  // Now the server's accesses there find private zero pages (shm/bus_guard.h), it keeps
+  // serving, and its manager takes the shrunk heap's connection back (a fresh heap).
+  ASSERT_NO_FATAL_FAILURE(serve("shr", 2));
+  for (long keep : {0L, 4096L}) {
+    cxr_channel_info before;
+    ASSERT_EQ(cxr_channel_inspect(name.c_str(), &before, nullptr, 0, nullptr), 0);
+    Peer bad = spawn_peer({"shrink", name, std::to_string(keep)});
+    ASSERT_GT(bad.pid, 0);
+    EXPECT_EQ(read_line(bad, 10000), "shrunk");  // and it stays alive: not reclaimed as dead
+    int ok = 0;
+    for (int i = 0; i < 200; i++) {  // ~1 s of calls of ours while the server finds it
+      void *res = nullptr;
+      ok += cxr_conn_call(c, M_PID, nullptr, &res, nullptr) == 0 && res &&
+            *(int64_t *)res == srv.pid;
+      if (res) cxr_heap_free(cxr_conn_heap(c), res);
+      usleep(5000);
+    }
+    EXPECT_EQ(ok, 200) << "keep " << keep;
+    EXPECT_TRUE(eventually([&] {
+      cxr_channel_info now;
+      return cxr_channel_inspect(name.c_str(), &now, nullptr, 0, nullptr) == 0 &&
+             now.reclaimed > before.reclaimed;
+    })) << "keep " << keep << ": the shrunk heap's connection was not taken back";
+    kill(bad.pid, SIGKILL);
+    wait_peer(bad);
+    int st = 0;
+    EXPECT_EQ(waitpid(srv.pid, &st, WNOHANG), 0) << "the server died: signal "
+                                                  << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  }
+  cxr_conn_close(c);
+  stop_peer(srv);
+}
+
 TEST_F(Proc, MalformedDescriptorsFromAnotherProcessGetErrorReplies) {
   ASSERT_NO_FATAL_FAILURE(serve("mf", 1));
   cxr_heap *h = cxr_conn_heap(c);

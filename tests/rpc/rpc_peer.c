@@ -7,6 +7,7 @@
  *                                  its slot, asks M_PEER through its raw rings and prints
  *                                  "peer <verified> <pid> <uid>" as the server saw it
  * Both print to stdout (a pipe to the test) and exit non-zero on errors. */
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,19 @@ static int client(const char *name, int64_t ms) {
 /* A buggy client: overwrites its request ring's positions, sequence numbers and descriptors
  * with garbage (rounds times, ringing the server each time), then makes one call with a
  * 50 ms deadline and prints its code. */
+/* Connects, then shrinks its connection heap's file to `keep` bytes (every process that maps
+ * it past that gets SIGBUS there) and stays alive, touching nothing, until killed. */
+static int shrink(const char *name, long keep) {
+  cxr_conn *c;
+  if (cxr_connect(&c, name, NULL) != 0) return 1;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s.heap", cxr_root(), cxr_heap_name(cxr_conn_heap(c)));
+  if (truncate(path, keep) != 0) return 2;
+  printf("shrunk\n");
+  fflush(stdout);
+  for (;;) pause();
+}
+
 static int scribble(const char *name, int rounds) {
   cxr_conn *c;
   int rc = cxr_connect(&c, name, NULL);
@@ -173,6 +187,7 @@ static int try_connect(const char *name, int64_t timeout_ms) {
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "connect") == 0) return try_connect(argv[2], atoll(argv[3]));
   if (argc == 4 && strcmp(argv[1], "scribble") == 0) return scribble(argv[2], atoi(argv[3]));
+  if (argc == 4 && strcmp(argv[1], "shrink") == 0) return shrink(argv[2], atol(argv[3]));
   if (argc == 4 && strcmp(argv[1], "impostor") == 0) return impostor(argv[2], atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "server") == 0) return server(argv[2], (unsigned)atoi(argv[3]));
   if (argc == 4 && strcmp(argv[1], "client") == 0) return client(argv[2], atoll(argv[3]));
