@@ -181,10 +181,11 @@ int cxr__v_count(cxr__vctx *v, uint64_t n);
  * compiler can neither read the field again nor tear the read. */
 #define CXR__LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 /* What a _copy_in reads from: the range r, and the bytes it may still read there (at
- * first r's length). The blocks of a tree inside r add up to at most that; a graph whose
- * writer made subtrees shared or strings overlap after validation would have the copy
- * read the same bytes again and again, and fill the destination heap from a small request
- * (2^depth copies of one subtree). */
+ * first r's length). The message blocks of a validated tree are distinct (only string
+ * bodies and scalar arrays may be shared), so an honest graph reaches that only by sharing
+ * more than r holds; a graph whose writer made subtrees shared or strings overlap after
+ * validation would have the copy read the same bytes again and again, and fill the
+ * destination heap from a small request (2^depth copies of one subtree). */
 typedef struct cxr__cpsrc {
   cxr_range r;
   uint64_t left;

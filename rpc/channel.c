@@ -106,7 +106,11 @@ static void sconn_destroy(cxr_channel *ch, cxr__sconn *sc) {
   snprintf(name, sizeof name, "%s", cxr_heap_name(sc->heap));
   __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
   __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
+  /* Watched until unmapped: the close of a shrunk heap touches pages past its end too. */
+  void *base = cxr_heap_base(sc->heap);
+  size_t size = cxr_heap_size(sc->heap);
   cxr_heap_close(sc->heap);
+  cxr__bus_guard_watch(base, size, false);
   sc->damaged = false;
   int rc = cxr_heap_unlink(name);
   if (rc != 0 && rc != CXR_ENOENT) CXR_WARN("channel %s: unlink %s: %s", ch->name, name, cxr_strerror(rc));
@@ -155,6 +159,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
     }
     sc->heap = h;
     sc->blk = b;
+    cxr__bus_guard_watch(cxr_heap_base(h), cxr_heap_size(h), true); /* a client may shrink it */
     cxr__conn_views(b, ring, sc->index, &sc->req, &sc->resp);
     sc->cancel = cxr__conn_cancels(b, ring, sc->index);
     cxr_heap_stats st;
@@ -188,6 +193,49 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
   __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
   CXR__ST(&s->owner, cxr__owner(0, CXR__SLOT_READY, gen));
   return 0;
+}
+
+/* Marks the connections whose heap file another process shrank (the guard repaired our
+ * accesses past its end with private pages): this process no longer sees that heap as the
+ * client does, so manage_once takes them back and they get fresh heaps. Only after a repair
+ * in this process (the counter moved), which is rare: one read of /proc/self/maps. */
+static void find_shrunk_heaps(cxr_channel *ch) {
+  uint64_t n = cxr__bus_repairs();
+  if (n == ch->repairs_seen) return;
+  unsigned m = ch->o.max_conns;
+  uintptr_t *base = calloc(m + 1, sizeof *base);
+  size_t *size = calloc(m + 1, sizeof *size);
+  bool *hit = calloc(m + 1, sizeof *hit);
+  if (base && size && hit) {
+    for (unsigned k = 0; k < m; k++)
+      if (ch->conns[k].heap) {
+        base[k] = (uintptr_t)cxr_heap_base(ch->conns[k].heap);
+        size[k] = cxr_heap_size(ch->conns[k].heap);
+      }
+    base[m] = (uintptr_t)cxr_heap_base(ch->ctl);
+    size[m] = cxr_heap_size(ch->ctl);
+    int rc = cxr__bus_damaged(base, size, m + 1, hit);
+    if (rc) {
+      uint64_t f = ++ch->shrunk_unread; /* tried again each pass: the 1st, 2nd, 4th... */
+      if ((f & (f - 1)) == 0)
+        CXR_WARN("channel %s: cannot tell which heaps were shrunk (%s): not taken back",
+                 ch->name, cxr_strerror(rc));
+    } else {
+      ch->shrunk_unread = 0;
+      ch->repairs_seen = n;
+      for (unsigned k = 0; k < m; k++)
+        if (hit[k] && ch->conns[k].heap) ch->conns[k].damaged = true;
+      if (hit[m] && !ch->ctl_damaged) {
+        ch->ctl_damaged = true;
+        CXR_ERR("channel %s: another process shrank the control heap's file: this server "
+                "no longer sees what its clients see (connects may hang or crash the "
+                "client); reopen the channel", ch->name);
+      }
+    }
+  }
+  free(base);
+  free(size);
+  free(hit);
 }
 
 /* Takes back a slot the client closed (CLOSING) or left by dying (RECLAIM). Returns false
@@ -249,6 +297,7 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
    * heap. A clean close with a tidy heap reuses it (no file operations: a reconnect costs
    * microseconds), unless the client freed the block the rings live in: the next client's
    * blocks would land on them. (The last tenant may still map a reused heap: docs/rpc.md.) */
+  find_shrunk_heaps(ch); /* the drain above may have been the first to touch a shrunk page */
   if (dead || sc->damaged || bloated || !rings_intact(ch, sc)) sconn_destroy(ch, sc);
   sc->readied = false;
   uint64_t o = CXR__LDX(&s->owner);
@@ -313,41 +362,6 @@ static bool state_forged(const cxr__sconn *sc, uint64_t o) {
   if (st == CXR__SLOT_FREE || st >= CXR__SLOT_BUSY) return true;
   return st == CXR__SLOT_CLAIMED && sc->client.pid != 0 &&
          (uint32_t)sc->client.pid != cxr__owner_pid(o);
-}
-
-/* Marks the connections whose heap file another process shrank (the guard repaired our
- * accesses past its end with private pages): this process no longer sees that heap as the
- * client does, so manage_once takes them back and they get fresh heaps. Only after a repair
- * in this process (the counter moved), which is rare: one read of /proc/self/maps. */
-static void find_shrunk_heaps(cxr_channel *ch) {
-  uint64_t n = cxr__bus_repairs();
-  if (n == ch->repairs_seen) return;
-  unsigned m = ch->o.max_conns;
-  uintptr_t *base = calloc(m + 1, sizeof *base);
-  size_t *size = calloc(m + 1, sizeof *size);
-  bool *hit = calloc(m + 1, sizeof *hit);
-  if (base && size && hit) {
-    for (unsigned k = 0; k < m; k++)
-      if (ch->conns[k].heap) {
-        base[k] = (uintptr_t)cxr_heap_base(ch->conns[k].heap);
-        size[k] = cxr_heap_size(ch->conns[k].heap);
-      }
-    base[m] = (uintptr_t)cxr_heap_base(ch->ctl);
-    size[m] = cxr_heap_size(ch->ctl);
-    if (cxr__bus_damaged(base, size, m + 1, hit) == 0) {
-      ch->repairs_seen = n;
-      for (unsigned k = 0; k < m; k++)
-        if (hit[k] && ch->conns[k].heap) ch->conns[k].damaged = true;
-      if (hit[m] && !ch->ctl_damaged) {
-        ch->ctl_damaged = true;
-        CXR_ERR("channel %s: another process shrank the control heap's file: new connects "
-                "fail; reopen the channel", ch->name);
-      }
-    }
-  }
-  free(base);
-  free(size);
-  free(hit);
 }
 
 /* One pass over the slots. Returns true if work is left over (come back soon). */
@@ -541,6 +555,7 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
     rc = cxr_heap_create(&ch->ctl, ctl_name, ctl_size, &ho);
   }
   if (rc != 0) goto fail;
+  cxr__bus_guard_watch(cxr_heap_base(ch->ctl), cxr_heap_size(ch->ctl), true);
   cxr__chan_block *cb = cxr_heap_alloc_aligned(ch->ctl, 64, blk);
   if (cb == NULL) {
     rc = cxr_last_error() ? cxr_last_error() : CXR_ENOMEM;
@@ -737,7 +752,10 @@ static void close_rest(cxr_channel *ch) {
   if (ch->ctl != NULL) {
     char name[CXR_NAME_MAX + 1];
     snprintf(name, sizeof name, "%s", cxr_heap_name(ch->ctl));
-    cxr_heap_close(ch->ctl);
+    void *base = cxr_heap_base(ch->ctl);
+    size_t size = cxr_heap_size(ch->ctl);
+    cxr_heap_close(ch->ctl); /* watched until unmapped, as in sconn_destroy */
+    cxr__bus_guard_watch(base, size, false);
     cxr_heap_unlink(name);
   }
   pthread_mutex_destroy(&ch->lock);

@@ -105,6 +105,7 @@ struct cxr_channel {
   uint64_t forged_seen;        /* (manager) forged slot states taken back since open */
   uint64_t repairs_seen;       /* (manager) cxr__bus_repairs() when it last looked */
   uint64_t shrunk_seen;        /* (manager) connection heaps found shrunk since open */
+  uint64_t shrunk_unread;      /* (manager) failed looks for shrunk heaps in a row */
   bool ctl_damaged;            /* (manager) the control heap's file was shrunk */
 };
 

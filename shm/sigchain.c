@@ -1,5 +1,7 @@
 /* Fault handlers in front of earlier ones: see sigchain.h. */
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "shm/sigchain.h"
 
@@ -21,7 +23,14 @@ void cxr__sig_chain(const struct sigaction *old, int sig, siginfo_t *info, void 
     old->sa_handler(sig);
     return;
   }
-  /* The default action (an ignored fault would be retried for good). */
-  signal(sig, SIG_DFL);
+  /* The default action (an ignored fault would be retried for good). A thread whose
+   * seccomp policy refuses rt_sigaction (a sandbox worker) cannot restore it, and would
+   * fault again for good: it ends the process, as the default action would have. */
+  if (signal(sig, SIG_DFL) == SIG_ERR) {
+    static const char msg[] = "cxrpc: fatal fault, and the default action cannot be restored\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    syscall(SYS_exit_group, 128 + sig);
+  }
   if (info->si_code <= 0) raise(sig);
 }

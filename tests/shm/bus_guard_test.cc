@@ -1,7 +1,7 @@
-// The SIGBUS guard (shm/bus_guard.h): an access past the end of a heap whose file another
-// process shrank reads a private zero page instead of killing this process, and the heap is
-// reported damaged; a SIGBUS outside the heap window still reaches the handler that was
-// installed before the guard.
+// The SIGBUS guard (shm/bus_guard.h): an access past the end of a watched heap whose file
+// another process shrank reads a private zero page instead of killing this process, and the
+// heap is reported damaged; a SIGBUS in a heap not watched, or outside the heap window,
+// still reaches the handler that was installed before the guard.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -38,6 +38,7 @@ TEST(BusGuard, AShrunkHeapReadsZerosAndIsReportedOtherFaultsGoToTheEarlierHandle
   cxr_heap *h = nullptr;
   const std::string name = uniq("shrunk");
   ASSERT_EQ(create_self_removing(&h, name, 4u << 20), 0);
+  cxr__bus_guard_watch(cxr_heap_base(h), cxr_heap_size(h), true);
   char *p = static_cast<char *>(cxr_heap_alloc(h, 64 << 10));
   ASSERT_NE(p, nullptr);
   memset(p, 0x5a, 64 << 10);
@@ -61,7 +62,24 @@ TEST(BusGuard, AShrunkHeapReadsZerosAndIsReportedOtherFaultsGoToTheEarlierHandle
   EXPECT_TRUE(hit[1]);
   EXPECT_EQ(g_earlier, 0);
 
-  // A file mapping outside the window: its SIGBUS is not the guard's.
+  // A heap nobody asked the guard to watch: its SIGBUS is not the guard's.
+  cxr_heap *u = nullptr;
+  const std::string uname = uniq("unwatched");
+  ASSERT_EQ(create_self_removing(&u, uname, 4u << 20), 0);
+  char *q = static_cast<char *>(cxr_heap_alloc(u, 64 << 10));
+  ASSERT_NE(q, nullptr);
+  memset(q, 1, 64 << 10);
+  ASSERT_EQ(truncate((g_root + "/" + uname + ".heap").c_str(), 4096), 0);
+  if (sigsetjmp(g_jump, 1) == 0) {
+    (void)*(volatile char *)q;
+    ADD_FAILURE() << "no SIGBUS past the end of a shrunk heap";
+  }
+  EXPECT_EQ(g_earlier, 1);
+  EXPECT_EQ(cxr__bus_repairs(), r0 + 1);
+  // Grown back (zeros past the first page), so that closing it does not fault again.
+  ASSERT_EQ(truncate((g_root + "/" + uname + ".heap").c_str(), 4u << 20), 0);
+
+  // A file mapping outside the window: its SIGBUS is not the guard's either.
   const std::string other = g_root + "/outside";
   int fd = open(other.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT_GE(fd, 0);
@@ -73,12 +91,16 @@ TEST(BusGuard, AShrunkHeapReadsZerosAndIsReportedOtherFaultsGoToTheEarlierHandle
     (void)o[4096];
     ADD_FAILURE() << "no SIGBUS past the end of a shrunk file";
   }
-  EXPECT_EQ(g_earlier, 1);
+  EXPECT_EQ(g_earlier, 2);
   EXPECT_EQ(cxr__bus_repairs(), r0 + 1);
   munmap((void *)o, 8192);
   close(fd);
   unlink(other.c_str());
 
-  cxr_heap_close(h);
+  void *hb = cxr_heap_base(h);
+  size_t hs = cxr_heap_size(h);
+  cxr_heap_close(h);  // watched until unmapped: the close touches shrunk pages too
+  cxr__bus_guard_watch(hb, hs, false);
+  cxr_heap_close(u);
   sigaction(SIGBUS, &before, nullptr);
 }
