@@ -40,6 +40,13 @@ static void open_setup(void) {
   pthread_key_create(&spare_key, spare_at_exit);
 }
 
+/* An entry back on the free list (c->lock held). nfree is also read without the lock, by
+ * entry_release: written atomically. */
+static void free_push(cxr_conn *c, uint32_t index) {
+  c->free_idx[c->nfree] = index;
+  __atomic_store_n(&c->nfree, c->nfree + 1, __ATOMIC_RELAXED);
+}
+
 static void open_add(cxr_conn *c) {
   pthread_once(&open_once, open_setup);
   pthread_mutex_lock(&open_lock);
@@ -102,7 +109,7 @@ static void spare_at_exit(void *unused) {
   for (cxr_conn *c = open_list; c != NULL; c = c->open_next)
     if (c->uid == uid) {
       pthread_mutex_lock(&c->lock);
-      c->free_idx[c->nfree++] = spare_entry.index;
+      free_push(c, spare_entry.index);
       pthread_mutex_unlock(&c->lock);
       break;
     }
@@ -126,7 +133,10 @@ static cxr_future *entry_alloc(cxr_conn *c) {
     f = &c->tab[spare_entry.index];
   } else {
     pthread_mutex_lock(&c->lock);
-    if (c->nfree > 0) f = &c->tab[c->free_idx[--c->nfree]];
+    if (c->nfree > 0) {
+      __atomic_store_n(&c->nfree, c->nfree - 1, __ATOMIC_RELAXED);
+      f = &c->tab[c->free_idx[c->nfree]];
+    }
     pthread_mutex_unlock(&c->lock);
   }
   if (f == NULL) return NULL;
@@ -139,13 +149,18 @@ static void entry_release(cxr_future *f) {
   cxr_conn *c = f->c;
   if (f->seal) cxr__call_release(c, f->seal);
   __atomic_store_n(&f->state, CXR__F_FREE, __ATOMIC_RELEASE);
-  if (spare_entry.conn == 0 && (spare_entry.at_exit || spare_arm())) {
+  /* Kept only while at least half the table is on the free list: threads that called once
+   * and went on living each kept an entry, and as many of them as the table has entries
+   * (256 by default) left every other call CXR_EFULL. (One relaxed load of a line written
+   * only under the lock, off the shared path while a thread keeps calling.) */
+  if (spare_entry.conn == 0 && __atomic_load_n(&c->nfree, __ATOMIC_RELAXED) >= c->ntab / 2 &&
+      (spare_entry.at_exit || spare_arm())) {
     spare_entry.conn = c->uid;
     spare_entry.index = f->index;
     return;
   }
   pthread_mutex_lock(&c->lock);
-  c->free_idx[c->nfree++] = f->index;
+  free_push(c, f->index);
   pthread_mutex_unlock(&c->lock);
 }
 

@@ -282,6 +282,30 @@ TEST_F(Call, ThreadsThatCallAndExitGiveTheirEntriesBack) {
   EXPECT_EQ(add(3, 3, &rc), 6);
 }
 
+TEST_F(Call, LiveThreadsThatCalledOnceDoNotHoldTheWholeTable) {
+  // Each thread keeps the entry it freed last while it lives. Before, as many live threads
+  // as the table has entries, each having called once, held every entry: any other call
+  // failed with CXR_EFULL. Now a thread keeps its entry only while half the table is free.
+  const uint32_t n = cxr__conn_table_size(c);
+  std::atomic<bool> go{false};
+  std::atomic<uint32_t> called{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < n + 8; t++)
+    threads.emplace_back([&, t] {
+      int rc = -1;
+      if (add((int64_t)t, 1, &rc) != (int64_t)t + 1 || rc != 0) failed++;
+      called++;
+      while (!go.load()) usleep(1000);  // alive, holding whatever it kept
+    });
+  while (called.load() < n + 8) usleep(1000);
+  int rc = -1;
+  EXPECT_EQ(add(2, 2, &rc), 4);
+  EXPECT_EQ(rc, 0) << cxr_strerror(rc);
+  go = true;
+  for (auto &t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0u);
+}
+
 TEST_F(Call, ACallSentJustAfterThePeerWasFoundDeadEndsWithThatError) {
   // The state a race leaves: another thread found the server dead (c->dead set) and failed
   // the pending calls in one pass, which this call's entry missed (not pending yet); then
