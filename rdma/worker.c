@@ -336,7 +336,7 @@ static size_t msg_admit(am_slot *s, size_t hlen, size_t dlen, ucs_status_t *st) 
     pthread_mutex_lock(&r->lock);
     uint64_t n = ++r->msgs_too_big;
     pthread_mutex_unlock(&r->lock);
-    if ((n & (n - 1)) == 0)  /* the 1st, 2nd, 4th... : a flood does not flood the log */
+    if (cxr__log_due(n))
       CXR_WARN("rdma: dropped a message (id %u, header %zu, %zu bytes): above the engine's "
                "limit of %zu (msg_max, $CXRPC_RDMA_MSG_MAX); %llu so far", s->id, hlen, dlen,
                r->msg_max, (unsigned long long)n);
@@ -361,7 +361,7 @@ static size_t msg_admit(am_slot *s, size_t hlen, size_t dlen, ucs_status_t *st) 
     return 0;
   }
   if (full) {
-    if ((n & (n - 1)) == 0)
+    if (cxr__log_due(n))
       CXR_WARN("rdma: dropped a message (id %u, %zu bytes): messages waiting for their "
                "handlers fill the engine's %zu bytes (queue_max, $CXRPC_RDMA_QUEUE_MAX); "
                "%llu so far", s->id, dlen, r->queue_max, (unsigned long long)n);

@@ -100,17 +100,22 @@ static bool rings_intact(const cxr_channel *ch, const cxr__sconn *sc) {
          cxr_heap_usable_size(sc->heap, sc->blk) >= cxr__conn_block_size(ch->o.ring_slots);
 }
 
+/* Closes a heap the SIGBUS guard watches, and stops watching it once it is unmapped: the
+ * close of a shrunk heap touches pages past its end too. */
+static void close_watched(cxr_heap *h) {
+  void *base = cxr_heap_base(h);
+  size_t size = cxr_heap_size(h);
+  cxr_heap_close(h);
+  cxr__bus_guard_watch(base, size, false);
+}
+
 static void sconn_destroy(cxr_channel *ch, cxr__sconn *sc) {
   if (sc->heap == NULL) return;
   char name[CXR_NAME_MAX + 1];
   snprintf(name, sizeof name, "%s", cxr_heap_name(sc->heap));
   __atomic_store_n(&sc->live, 0, __ATOMIC_SEQ_CST);
   __atomic_fetch_add(&ch->members, 1, __ATOMIC_SEQ_CST);
-  /* Watched until unmapped: the close of a shrunk heap touches pages past its end too. */
-  void *base = cxr_heap_base(sc->heap);
-  size_t size = cxr_heap_size(sc->heap);
-  cxr_heap_close(sc->heap);
-  cxr__bus_guard_watch(base, size, false);
+  close_watched(sc->heap);
   sc->damaged = false;
   int rc = cxr_heap_unlink(name);
   if (rc != 0 && rc != CXR_ENOENT) CXR_WARN("channel %s: unlink %s: %s", ch->name, name, cxr_strerror(rc));
@@ -216,8 +221,7 @@ static void find_shrunk_heaps(cxr_channel *ch) {
     size[m] = cxr_heap_size(ch->ctl);
     int rc = cxr__bus_damaged(base, size, m + 1, hit);
     if (rc) {
-      uint64_t f = ++ch->shrunk_unread; /* tried again each pass: the 1st, 2nd, 4th... */
-      if ((f & (f - 1)) == 0)
+      if (cxr__log_due(++ch->shrunk_unread)) /* it tries again each pass */
         CXR_WARN("channel %s: cannot tell which heaps were shrunk (%s): not taken back",
                  ch->name, cxr_strerror(rc));
     } else {
@@ -375,13 +379,12 @@ static bool manage_once(cxr_channel *ch, bool check_liveness) {
     unsigned st = cxr__owner_state(o);
     bool shrunk = sc->damaged && !sc->pending;
     if (shrunk || state_forged(sc, o)) {
-      /* The 1st, 2nd, 4th...: a client can forge states, or shrink heaps, as fast as the
-       * manager looks. */
+      /* A client can forge states, or shrink heaps, as fast as the manager looks. */
       uint64_t n = shrunk ? ++ch->shrunk_seen : ++ch->forged_seen;
-      if ((n & (n - 1)) == 0 && shrunk)
+      if (cxr__log_due(n) && shrunk)
         CXR_WARN("channel %s: connection %u: its heap file was shrunk by someone else; taking "
                  "it back (%llu such heaps so far)", ch->name, k, (unsigned long long)n);
-      else if ((n & (n - 1)) == 0)
+      else if (cxr__log_due(n))
         CXR_WARN("channel %s: connection %u was put in state %u by someone else; taking it "
                  "back (%llu such states so far)", ch->name, k, st, (unsigned long long)n);
       if (!sc->readied) { /* not handed out: its heap goes (the writer may map it), FREE */
@@ -752,10 +755,7 @@ static void close_rest(cxr_channel *ch) {
   if (ch->ctl != NULL) {
     char name[CXR_NAME_MAX + 1];
     snprintf(name, sizeof name, "%s", cxr_heap_name(ch->ctl));
-    void *base = cxr_heap_base(ch->ctl);
-    size_t size = cxr_heap_size(ch->ctl);
-    cxr_heap_close(ch->ctl); /* watched until unmapped, as in sconn_destroy */
-    cxr__bus_guard_watch(base, size, false);
+    close_watched(ch->ctl);
     cxr_heap_unlink(name);
   }
   pthread_mutex_destroy(&ch->lock);

@@ -21,6 +21,11 @@ void cxr__log(int level, const char *file, int line, const char *fmt, ...)
 #define CXR_INFO(...) CXR_LOG(CXR_LOG_INFO, __VA_ARGS__)
 #define CXR_DEBUG(...) CXR_LOG(CXR_LOG_DEBUG, __VA_ARGS__)
 
+/* Whether the n-th occurrence (counted from 1) of something a peer can make happen at
+ * will is logged: the 1st, 2nd, 4th, 8th..., so that a flood does not flood the log and
+ * the count shown says how many there were. */
+static inline bool cxr__log_due(uint64_t n) { return (n & (n - 1)) == 0; }
+
 /* Sets this thread's last error and returns NULL: `return cxr__fail_null(CXR_EINVAL);` */
 void *cxr__fail_null(int err);
 void cxr__set_error(int err);
