@@ -19,6 +19,7 @@
 #include "rpc/internal.h"
 #include "tests/rpc/lock_word.h"
 #include "tests/rpc/methods.h"
+#include "tests/rpc/rings.h"
 #include "tests/rpc/util.h"
 
 using namespace rpctest;
@@ -338,9 +339,8 @@ TEST(ChannelClose, AServeStillInAHandlerFinishesTheCloseItself) {
   std::thread server([ch] { cxr_channel_serve(ch); });
   cxr_conn *c = nullptr;
   ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
-  cxr__rview req, resp;
-  ASSERT_EQ(cxr__conn_rings(c, &req, &resp), 0);
-  const uint64_t taken = __atomic_load_n(&req.r->head, __ATOMIC_ACQUIRE);
+  const uint64_t taken = requests_taken(c);
+  ASSERT_NE(taken, UINT64_MAX);
   std::atomic<int> rc{1};
   std::thread client([&] {
     sleep_args a = {5000};
@@ -348,8 +348,7 @@ TEST(ChannelClose, AServeStillInAHandlerFinishesTheCloseItself) {
     rc = cxr_conn_call(c, M_SLEEP, &a, nullptr, &co);
   });
   // The handler runs once serve() took the call off the ring.
-  EXPECT_TRUE(eventually([&] { return __atomic_load_n(&req.r->head, __ATOMIC_ACQUIRE) > taken; },
-                         10000));
+  EXPECT_TRUE(eventually([&] { return requests_taken(c) > taken; }, 10000));
   cxr_channel_close(ch);
   EXPECT_EQ(rc.load(), 1) << "the close waited for the handler";  // (its call still pending)
   server.join();  // serve() returns after the handler, and finishes the close
@@ -1035,24 +1034,13 @@ TEST(CallLimits, AClientForgingSlotStatesDoesNotFloodTheLog) {
   ASSERT_NE(ch, nullptr);
   Ctl ctl(name);
   ASSERT_NE(ctl.cb, nullptr);
-  char path[] = "/tmp/cxrpc-flood-XXXXXX";
-  int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  unlink(path);
-  fflush(stderr);
-  int saved = dup(2);
-  dup2(fd, 2);
+  testing::internal::CaptureStderr();  // the manager thread's lines too (fd 2)
   int level = cxr_log_level();
   cxr_log_set_level(CXR_LOG_WARN);
   int taken_back = 0;
   while (taken_back < 64 && ctl.forge_closing(3)) taken_back++;  // pool 1: 3 is never ready
   cxr_log_set_level(level);
-  dup2(saved, 2);
-  close(saved);
-  std::string log(1 << 16, '\0');
-  ssize_t got = pread(fd, &log[0], log.size(), 0);
-  close(fd);
-  log.resize(got > 0 ? (size_t)got : 0);
+  std::string log = testing::internal::GetCapturedStderr();
   int lines = 0;
   for (size_t at = 0; (at = log.find("by someone else", at)) != std::string::npos; at++) lines++;
   EXPECT_EQ(taken_back, 64);

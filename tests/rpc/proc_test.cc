@@ -9,6 +9,7 @@
 
 #include "rpc/internal.h"
 #include "tests/rpc/methods.h"
+#include "tests/rpc/rings.h"
 #include "tests/rpc/util.h"
 
 using namespace rpctest;
@@ -306,14 +307,12 @@ TEST_F(Proc, AForgedCloseDoesNotReadyASlotWhoseRecycleWaitsForAWorker) {
   // however slowly a loaded machine gets there (else READY would be right).
   sleep_args a = {4000};
   cxr_call_opts o = inline_opts(sizeof a, 20000000000);
-  cxr__rview req, resp;
-  ASSERT_EQ(cxr__conn_rings(busy, &req, &resp), 0);
-  const uint64_t taken = __atomic_load_n(&req.r->head, __ATOMIC_ACQUIRE);
+  const uint64_t taken = requests_taken(busy);
+  ASSERT_NE(taken, UINT64_MAX);
   cxr_future *f = nullptr;
   ASSERT_EQ(cxr_conn_call_async(busy, M_SLEEP, &a, &f, &o), 0);
   // A worker is inside that handler once the server took the request off the ring.
-  ASSERT_TRUE(eventually([&] { return __atomic_load_n(&req.r->head, __ATOMIC_ACQUIRE) > taken; },
-                         10000));
+  ASSERT_TRUE(eventually([&] { return requests_taken(busy) > taken; }, 10000));
   cxr_heap *ctl = nullptr;
   ASSERT_EQ(cxr_heap_open(&ctl, ("ch." + name).c_str()), 0);
   auto *cb = (cxr__chan_block *)cxr_heap_get_root(ctl);

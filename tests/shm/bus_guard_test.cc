@@ -65,11 +65,12 @@ TEST(BusGuard, AShrunkHeapReadsZerosAndIsReportedOtherFaultsGoToTheEarlierHandle
   // A heap nobody asked the guard to watch: its SIGBUS is not the guard's.
   cxr_heap *u = nullptr;
   const std::string uname = uniq("unwatched");
+  const std::string upath = g_root + "/" + uname + ".heap";
   ASSERT_EQ(create_self_removing(&u, uname, 4u << 20), 0);
   char *q = static_cast<char *>(cxr_heap_alloc(u, 64 << 10));
   ASSERT_NE(q, nullptr);
   memset(q, 1, 64 << 10);
-  ASSERT_EQ(truncate((g_root + "/" + uname + ".heap").c_str(), 4096), 0);
+  ASSERT_EQ(truncate(upath.c_str(), 4096), 0);
   if (sigsetjmp(g_jump, 1) == 0) {
     (void)*(volatile char *)q;
     ADD_FAILURE() << "no SIGBUS past the end of a shrunk heap";
@@ -77,7 +78,7 @@ TEST(BusGuard, AShrunkHeapReadsZerosAndIsReportedOtherFaultsGoToTheEarlierHandle
   EXPECT_EQ(g_earlier, 1);
   EXPECT_EQ(cxr__bus_repairs(), r0 + 1);
   // Grown back (zeros past the first page), so that closing it does not fault again.
-  ASSERT_EQ(truncate((g_root + "/" + uname + ".heap").c_str(), 4u << 20), 0);
+  ASSERT_EQ(truncate(upath.c_str(), 4u << 20), 0);
 
   // A file mapping outside the window: its SIGBUS is not the guard's either.
   const std::string other = g_root + "/outside";
