@@ -14,6 +14,7 @@
 
 #include "rpc/client.h"
 #include "rpc/remote.h"
+#include "rpc/sole.h"
 #include "shm/log.h"
 
 /* ---- the pending table ---- */
@@ -276,10 +277,38 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
   }
 }
 
+/* One answer off the response ring, if there is one (0), by the sole user's operation when
+ * this thread is the connection's sole user (rpc/sole.h). */
+static int answer_pop(cxr_conn *c, cxr__desc *d) {
+  if (!cxr__sole_begin(c)) return cxr__ring_pop(&c->resp, d);
+  int rc = cxr__ring_pop_single(&c->resp, d);
+  cxr__sole_end(c);
+  return rc;
+}
+
+/* A request onto the ring (0), or CXR_EFULL; a call (not a test's raw descriptor) is
+ * counted. The calls counter is the sole user's alone too while it is one: no locked
+ * instruction for it either. */
+static int request_push(cxr_conn *c, const cxr__desc *d, bool count) {
+  cxr__cli_ctr *ctr = &c->slot->cli;
+  if (!cxr__sole_begin(c)) {
+    int rc = cxr__ring_push(&c->req, d);
+    if (rc != 0) return rc;
+    if (count) CXR__ADD(&ctr->calls, 1);
+    cxr__bell_after_push(&c->cb->doorbell, &c->cb->srv_sleepers);
+    return 0;
+  }
+  int rc = cxr__ring_push_single(&c->req, d);
+  if (rc == 0 && count) CXR__STX(&ctr->calls, CXR__LDX(&ctr->calls) + 1);
+  cxr__sole_end(c);
+  if (rc == 0) cxr__bell_after_store(&c->cb->doorbell, &c->cb->srv_sleepers);
+  return rc;
+}
+
 static unsigned drain(cxr_conn *c) {
   cxr__desc d;
   unsigned n = 0;
-  while (n < c->ntab && cxr__ring_pop(&c->resp, &d) == 0) {
+  while (n < c->ntab && answer_pop(c, &d) == 0) {
     deliver(c, &d);
     n++;
   }
@@ -410,7 +439,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
   }
   /* The ring holds ring_slots descriptors and the table as many calls, so it is full only
    * while the server is behind: wait for room, within the deadline. */
-  for (unsigned i = 0; cxr__ring_push(&c->req, &d) != 0; i++) {
+  for (unsigned i = 0; request_push(c, &d, true) != 0; i++) {
     drain(c);
     int rc = cxr__conn_check(c, false);
     if (rc == 0 && cxr_now_ns() >= f->deadline) rc = CXR_ETIMEDOUT;
@@ -422,8 +451,6 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
     cxr__bell_after_push(&c->cb->doorbell, &c->cb->srv_sleepers);
     if (i < 64) cxr__cpu_relax(); else sched_yield();
   }
-  cxr__bell_after_push(&c->cb->doorbell, &c->cb->srv_sleepers);
-  CXR__ADD(&c->slot->cli.calls, 1);
   *out = f;
   return 0;
 }
@@ -664,19 +691,26 @@ void cxr__conn_stop_completion(cxr_conn *c) {
 
 int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d) {
   if (c == NULL || d == NULL) return CXR_EINVAL;
-  int rc = cxr__ring_push(&c->req, d);
-  if (rc == 0) cxr__bell_after_push(&c->cb->doorbell, &c->cb->srv_sleepers);
-  return rc;
+  return request_push(c, d, false);
 }
 
 int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns) {
   if (c == NULL || out == NULL) return CXR_EINVAL;
   int64_t until = cxr_now_ns() + timeout_ns;
-  while (cxr__ring_pop(&c->resp, out) != 0) {
+  while (answer_pop(c, out) != 0) {
     if (cxr_now_ns() >= until) return CXR_ETIMEDOUT;
     sched_yield();
   }
   return 0;
+}
+
+int cxr__conn_pop_once(cxr_conn *c, cxr__desc *out) {
+  if (c == NULL || out == NULL) return CXR_EINVAL;
+  return answer_pop(c, out);
+}
+
+bool cxr__conn_shared(cxr_conn *c) {
+  return c != NULL && __atomic_load_n(&c->sole, __ATOMIC_RELAXED) == CXR__SOLE_SHARED;
 }
 
 uint32_t cxr__conn_table_size(cxr_conn *c) { return c ? c->ntab : 0; }

@@ -80,6 +80,10 @@ struct cxr_conn {
   uint32_t *free_idx;
   uint32_t nfree;
   pthread_mutex_t lock;
+  /* The thread that has been the only one to use the rings (rpc/sole.h): 0 before the first
+   * call, CXR__SOLE_SHARED once another thread did. */
+  uintptr_t sole;        /* atomic */
+  uint32_t sole_busy;    /* atomic: the sole user is inside a ring operation */
   int dead;              /* atomic: 0, or the code every call now ends with */
   int64_t next_check;    /* atomic: when liveness is checked next */
   unsigned sleeping;     /* atomic: our threads asleep on the response futex */

@@ -158,7 +158,13 @@ void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers);
 /* The same right after cxr__ring_push: the push's seq_cst CAS on the tail orders it, so a
  * plain load of the sleeper count suffices (no locked instruction on the call path). */
 void cxr__bell_after_push(uint32_t *futex, uint32_t *sleepers);
+/* The same after cxr__ring_push_single when the sleepers word is the channel's, which every
+ * client reads on every call: a fence, not cxr__bell_ring's read-modify-write, so the line
+ * is not taken from the other clients (the RMW under TSan, which models no fences). */
+void cxr__bell_after_store(uint32_t *futex, uint32_t *sleepers);
+/* A full memory barrier on every running thread of this process (rpc/wait.c). */
 void cxr__process_barrier(void);
+bool cxr__process_barrier_ready(void);
 
 /* Per-thread waiting policy (CXRPC_WAIT=adaptive|spin|block, default adaptive). Spinning
  * pays while the peer has a CPU. With "adaptive", a thread that spent a quarter or more of
@@ -371,6 +377,11 @@ bool cxr__conn_closed_here(const void *blk, uint32_t gen);
 /* ---- internal test hooks: raw ring access on a client connection ---- */
 int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d);
 int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns);
+/* One try, with the ring operation a call's wait would use (no clock read): 0 or CXR_EAGAIN. */
+int cxr__conn_pop_once(cxr_conn *c, cxr__desc *out);
+/* Whether a second thread has used the connection's rings (rpc/sole.h): then every thread
+ * takes the multi-thread ring operations. */
+bool cxr__conn_shared(cxr_conn *c);
 uint32_t cxr__conn_table_size(cxr_conn *c);
 /* The connection's rings as mapped here (tests corrupt them on purpose). */
 int cxr__conn_rings(cxr_conn *c, cxr__rview *req, cxr__rview *resp);

@@ -24,6 +24,19 @@ void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers) {
   }
 }
 
+void cxr__bell_after_store(uint32_t *futex, uint32_t *sleepers) {
+#if defined(__SANITIZE_THREAD__)
+  uint32_t n = __atomic_fetch_add(sleepers, 0, __ATOMIC_SEQ_CST);
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  uint32_t n = __atomic_load_n(sleepers, __ATOMIC_SEQ_CST);
+#endif
+  if (n != 0) {
+    __atomic_fetch_add(futex, 1, __ATOMIC_SEQ_CST);
+    cxr__futex_wake(futex, INT_MAX);
+  }
+}
+
 void cxr__bell_after_push(uint32_t *futex, uint32_t *sleepers) {
   if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0) {
     __atomic_fetch_add(futex, 1, __ATOMIC_SEQ_CST);
@@ -67,17 +80,24 @@ int64_t cxr__coarse_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* A full memory barrier on every running thread of this process (membarrier), so a store
- * made before it is seen by any load those threads make after it. Registered on first use;
- * where membarrier is missing, a 10 ms pause (store buffers drain in microseconds). */
-void cxr__process_barrier(void) {
+/* Whether membarrier's private expedited barrier works in this process (registered on the
+ * first ask; the registration carries over fork). */
+bool cxr__process_barrier_ready(void) {
   static int state; /* 0 unknown, 1 registered, -1 unavailable */
   int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
   if (st == 0) {
     st = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 ? 1 : -1;
     __atomic_store_n(&state, st, __ATOMIC_RELEASE);
   }
-  if (st < 0 || syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+  return st > 0;
+}
+
+/* A full memory barrier on every running thread of this process (membarrier), so a store
+ * made before it is seen by any load those threads make after it. Where membarrier is
+ * missing, a 10 ms pause (store buffers drain in microseconds). */
+void cxr__process_barrier(void) {
+  if (!cxr__process_barrier_ready() ||
+      syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
     struct timespec ts = {0, 10000000};
     nanosleep(&ts, NULL);
   }

@@ -145,6 +145,17 @@ class Call : public ::testing::Test {
     cxr_heap_free(h, a);
     return f;
   }
+  // The counters of connection `of` (the fixture's own by default).
+  cxr_conn_info info_of(cxr_conn *of) {
+    cxr_conn_info ci[8];
+    size_t n = 0;
+    EXPECT_EQ(cxr_channel_inspect(name.c_str(), nullptr, ci, 8, &n), 0);
+    const char *heap = cxr_heap_name(cxr_conn_heap(of));
+    for (size_t i = 0; i < n && i < 8; i++)
+      if (strcmp(ci[i].heap, heap) == 0) return ci[i];
+    ADD_FAILURE() << "no slot has heap " << heap;
+    return cxr_conn_info{};
+  }
   cxr_conn_info info() {
     cxr_conn_info ci[8];
     size_t n = 0;
@@ -258,6 +269,52 @@ TEST_F(Call, ManyThreadsManyCallsInFlight) {
   // The server counts a call just after answering it: wait for the last few.
   EXPECT_TRUE(eventually([&] { return info().calls >= (uint64_t)(threads * rounds * depth); }));
   EXPECT_EQ(info().stray, 0u);
+}
+
+TEST_F(Call, ASecondThreadTurnsASoleUsersConnectionSharedWithoutLosingACall) {
+  // A connection's only calling thread pushes and pops with the rings' single-thread
+  // operations (rpc/sole.h); the first other thread turns the connection shared while the
+  // first keeps calling. Every call of both must come back with its own answer, each time,
+  // wherever in the first thread's ring operation the turn lands.
+  for (int round = 0; round < 20; round++) {
+    cxr_conn *c2 = nullptr;
+    ASSERT_EQ(connect_patiently(&c2, name), 0);
+    std::atomic<int> bad{0}, first_calls{0};
+    std::atomic<bool> second_done{false};
+    auto call_add = [&](int64_t a, int64_t b) {
+      add_args args = {a, b};
+      cxr_call_opts o;
+      cxr_call_opts_init(&o);
+      o.flags = CXR_CALL_INLINE;
+      o.arg_len = sizeof args;
+      o.deadline_ns = 10 * 1000000000LL;
+      void *res = nullptr;
+      int rc = cxr_conn_call(c2, M_ADD, &args, &res, &o);
+      if (rc != 0 || res == nullptr || *(int64_t *)res != a + b) bad++;
+      if (res) cxr_heap_free(cxr_conn_heap(c2), res);
+    };
+    std::thread first([&] {
+      for (int i = 0; !second_done.load() || i < 400; i++) {
+        call_add(round * 1000000 + i, 1);
+        first_calls++;
+      }
+    });
+    while (first_calls.load() < 200) usleep(100);
+    EXPECT_FALSE(cxr__conn_shared(c2)) << "round " << round;
+    std::thread second([&] {
+      for (int i = 0; i < 1000; i++) call_add(-round * 1000000 - i, 2);
+      second_done = true;
+    });
+    second.join();
+    first.join();
+    EXPECT_TRUE(cxr__conn_shared(c2)) << "round " << round;
+    EXPECT_EQ(bad.load(), 0) << "round " << round;
+    // No answer was popped twice, and both threads' calls were all sent.
+    cxr_conn_info ci = info_of(c2);
+    EXPECT_EQ(ci.stray, 0u) << "round " << round;
+    EXPECT_EQ(ci.client_calls, (uint64_t)first_calls.load() + 1000) << "round " << round;
+    cxr_conn_close(c2);
+  }
 }
 
 TEST_F(Call, ThreadsThatCallAndExitGiveTheirEntriesBack) {
