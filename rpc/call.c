@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rpc/client.h"
 #include "rpc/remote.h"
@@ -289,7 +290,7 @@ static int answer_pop(cxr_conn *c, cxr__desc *d) {
 /* A request onto the ring (0), or CXR_EFULL; a call (not a test's raw descriptor) is
  * counted. The calls counter is the sole user's alone too while it is one: no locked
  * instruction for it either. */
-static int request_push(cxr_conn *c, const cxr__desc *d, bool count) {
+static int request_push(cxr_conn *c, const cxr__desc *d, bool count, int64_t stall_ns) {
   cxr__cli_ctr *ctr = &c->slot->cli;
   if (!cxr__sole_begin(c)) {
     int rc = cxr__ring_push(&c->req, d);
@@ -299,7 +300,14 @@ static int request_push(cxr_conn *c, const cxr__desc *d, bool count) {
     return 0;
   }
   int rc = cxr__ring_push_single(&c->req, d);
-  if (rc == 0 && count) CXR__STX(&ctr->calls, CXR__LDX(&ctr->calls) + 1);
+  if (rc == 0 && count) {
+    uint64_t n = CXR__LDX(&ctr->calls);
+    if (stall_ns > 0) { /* only from cxr__conn_push_stalled (tests) */
+      struct timespec ts = {stall_ns / 1000000000, stall_ns % 1000000000};
+      nanosleep(&ts, NULL);
+    }
+    CXR__STX(&ctr->calls, n + 1);
+  }
   cxr__sole_end(c);
   if (rc == 0) cxr__bell_after_store(&c->cb->doorbell, &c->cb->srv_sleepers);
   return rc;
@@ -439,7 +447,7 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
   }
   /* The ring holds ring_slots descriptors and the table as many calls, so it is full only
    * while the server is behind: wait for room, within the deadline. */
-  for (unsigned i = 0; request_push(c, &d, true) != 0; i++) {
+  for (unsigned i = 0; request_push(c, &d, true, 0) != 0; i++) {
     drain(c);
     int rc = cxr__conn_check(c, false);
     if (rc == 0 && cxr_now_ns() >= f->deadline) rc = CXR_ETIMEDOUT;
@@ -691,7 +699,12 @@ void cxr__conn_stop_completion(cxr_conn *c) {
 
 int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d) {
   if (c == NULL || d == NULL) return CXR_EINVAL;
-  return request_push(c, d, false);
+  return request_push(c, d, false, 0);
+}
+
+int cxr__conn_push_stalled(cxr_conn *c, const cxr__desc *d, int64_t stall_ns) {
+  if (c == NULL || d == NULL || stall_ns < 0) return CXR_EINVAL;
+  return request_push(c, d, true, stall_ns);
 }
 
 int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns) {

@@ -377,6 +377,10 @@ bool cxr__conn_closed_here(const void *blk, uint32_t gen);
 /* ---- internal test hooks: raw ring access on a client connection ---- */
 int cxr__conn_push_raw(cxr_conn *c, const cxr__desc *d);
 int cxr__conn_pop_raw(cxr_conn *c, cxr__desc *out, int64_t timeout_ns);
+/* Pushes d as a call (counted in cli.calls); when this thread is the connection's sole user
+ * (rpc/sole.h), it stays stall_ns inside its ring operation, between reading and writing
+ * the calls counter: for tests of the turn to shared. */
+int cxr__conn_push_stalled(cxr_conn *c, const cxr__desc *d, int64_t stall_ns);
 /* One try, with the ring operation a call's wait would use (no clock read): 0 or CXR_EAGAIN. */
 int cxr__conn_pop_once(cxr_conn *c, cxr__desc *out);
 /* Whether a second thread has used the connection's rings (rpc/sole.h): then every thread

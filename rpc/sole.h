@@ -5,10 +5,13 @@
  * no locked instruction: the multi-thread push and pop each take one, on the round trip's
  * critical path (about 15 ns of a 0.16 µs round trip on the development VM, docs/rpc.md).
  *
- * The first other thread to push or pop turns the connection shared, for good: it writes
- * CXR__SOLE_SHARED, makes every CPU running a thread of this process pass a full memory
- * barrier (cxr__process_barrier: membarrier(2)), then waits until the sole user is outside its
- * ring operation. The sole user marks itself busy and then re-reads the owner word with no
+ * The first other thread to push or pop turns the connection shared, for good: under the
+ * connection's lock it writes CXR__SOLE_TURNING, makes every CPU running a thread of this
+ * process pass a full memory barrier (cxr__process_barrier: membarrier(2)), waits until the
+ * sole user is outside its ring operation, and only then writes CXR__SOLE_SHARED. Any other
+ * thread that sees TURNING waits for the lock: were SHARED written first, a third thread
+ * could run a multi-thread operation while the sole user was still inside its own (a
+ * request lost, or the tail moved back and the ring wedged). The sole user marks itself busy and then re-reads the owner word with no
  * fence of its own: either its busy mark was visible before the barrier completed (the other
  * thread waits for it to clear), or the barrier came before its re-read, which then sees
  * the connection shared. Where membarrier is refused (or the kernel is too old) no
@@ -22,20 +25,23 @@
 #include "rpc/client.h"
 
 #define CXR__SOLE_SHARED ((uintptr_t)1)
+#define CXR__SOLE_TURNING ((uintptr_t)2)
 
 /* Names the calling thread: the address of a thread-local byte, unique among live threads
  * (a thread that reuses a dead one's address inherits nothing it could race with). */
 extern __thread char cxr__sole_me;
 
 /* The slow path of cxr__sole_begin: the connection's first user claims it, another thread
- * turns it shared (and waits as described above). Serialised by c->lock. */
+ * turns it shared (and waits as described above), a thread that finds it turning waits for
+ * the turn to end. Serialised by c->lock. */
 void cxr__sole_settle(cxr_conn *c, uintptr_t me);
 
 /* Whether the calling thread may use the single-thread ring operations on c now. When it
  * returns true the caller is marked busy and must call cxr__sole_end after the operation. */
 static inline bool cxr__sole_begin(cxr_conn *c) {
   const uintptr_t me = (uintptr_t)&cxr__sole_me;
-  uintptr_t o = __atomic_load_n(&c->sole, __ATOMIC_RELAXED);
+  /* acquire: SHARED is written after the sole user's last operation was seen to end */
+  uintptr_t o = __atomic_load_n(&c->sole, __ATOMIC_ACQUIRE);
   if (__builtin_expect(o != me, 0)) {
     if (o == CXR__SOLE_SHARED) return false;
     cxr__sole_settle(c, me);

@@ -317,6 +317,49 @@ TEST_F(Call, ASecondThreadTurnsASoleUsersConnectionSharedWithoutLosingACall) {
   }
 }
 
+TEST_F(Call, AThirdThreadWaitsWhileASoleUsersConnectionTurnsShared) {
+  // While a second thread turns a connection shared, the sole user may still be inside its
+  // ring operation (rpc/sole.h); a third thread must wait until the turn ends. Here the sole
+  // user stays 300 ms inside its operation (a test hook stalls it between reading and
+  // writing the calls counter), a second thread turns the connection, and a third pushes
+  // requests meanwhile. Before, the turn wrote SHARED first: the third thread took the multi-thread
+  // operations at once, inside the sole user's, and its requests went uncounted (on the
+  // rings the same overlap loses a request or moves the tail back).
+  cxr_conn *c2 = nullptr;
+  ASSERT_EQ(connect_patiently(&c2, name), 0);
+  std::atomic<int> failed{0};
+  std::atomic<bool> stalling{false};
+  const int third_calls = 100;
+  std::thread first([&] {
+    if (cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr) != 0) failed++;
+    stalling = true;
+    // A no-op whose call id matches no pending call: its answer is dropped as stray.
+    cxr__desc stray = raw_noop(0xffffffull << 32);
+    if (cxr__conn_push_stalled(c2, &stray, 300000000) != 0) failed++;
+  });
+  while (!stalling.load()) usleep(100);
+  usleep(20000);
+  std::thread second([&] {
+    if (cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr) != 0) failed++;
+  });
+  usleep(50000);
+  // The third pushes through the same hook (no stall): a call would first wait for the
+  // connection's lock for a pending entry, unless its thread kept one from an earlier call,
+  // and answers are popped without that lock by any waiting thread.
+  std::thread third([&] {
+    cxr__desc stray = raw_noop(0xffffffull << 32);
+    for (int i = 0; i < third_calls; i++)
+      if (cxr__conn_push_stalled(c2, &stray, 0) != 0) failed++;
+  });
+  first.join();
+  second.join();
+  third.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_TRUE(cxr__conn_shared(c2));
+  EXPECT_EQ(info_of(c2).client_calls, (uint64_t)(3 + third_calls));
+  cxr_conn_close(c2);
+}
+
 TEST_F(Call, ThreadsThatCallAndExitGiveTheirEntriesBack) {
   // A thread keeps the pending-table entry it freed last, for its next call on the same
   // connection; when it ends, the entry goes back. Before, 256 threads (the table's size)
