@@ -3,7 +3,7 @@
  * Most connections are used by one thread. While that holds, the thread that made the first
  * call pushes requests and pops answers with the rings' single-thread operations, which take
  * no locked instruction: the multi-thread push and pop each take one, on the round trip's
- * critical path (about 15 ns of a 0.16 µs round trip on the development VM, docs/rpc.md).
+ * critical path (7-21 ns of a 0.15-0.47 µs round trip on the development VM, docs/rpc.md).
  *
  * The first other thread to push or pop turns the connection shared, for good: under the
  * connection's lock it writes CXR__SOLE_TURNING, makes every CPU running a thread of this
@@ -11,10 +11,12 @@
  * sole user is outside its ring operation, and only then writes CXR__SOLE_SHARED. Any other
  * thread that sees TURNING waits for the lock: were SHARED written first, a third thread
  * could run a multi-thread operation while the sole user was still inside its own (a
- * request lost, or the tail moved back and the ring wedged). The sole user marks itself busy and then re-reads the owner word with no
- * fence of its own: either its busy mark was visible before the barrier completed (the other
- * thread waits for it to clear), or the barrier came before its re-read, which then sees
- * the connection shared. Where membarrier is refused (or the kernel is too old) no
+ * request lost, or the tail moved back and the ring wedged).
+ *
+ * The sole user marks itself busy and then re-reads the owner word with no fence of its own:
+ * either its busy mark was visible before the barrier completed (the turning thread waits
+ * for it to clear), or the barrier came before its re-read, which then sees the connection
+ * turning. Where membarrier is refused (or the kernel is too old) no
  * connection gets a sole user, and every call takes the multi-thread path. */
 #ifndef CXRPC_RPC_SOLE_H
 #define CXRPC_RPC_SOLE_H
