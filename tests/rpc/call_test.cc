@@ -1049,6 +1049,35 @@ TEST(CallLimits, AConnectIsNotHeldUpByAnotherThreadsLongerOne) {
   cxr_channel_close(chy);
 }
 
+TEST(CallLimits, ASleepingWorkerIsWokenByEachCall) {
+  // After about a millisecond without calls the worker sleeps on the channel's doorbell, and
+  // a client's push rings it only when it sees a sleeper (rpc/wait.c): the sole user after
+  // its fence (cxr__bell_after_store), a shared connection after its CAS. Each call here is
+  // made once the worker sleeps, with a deadline far below the worker's 1 s sleep, so a
+  // missed wake would end it with CXR_ETIMEDOUT.
+  const std::string name = uniq("wake");
+  cxr_channel *ch = serving(name, 1u << 20, 4, 2);  // one worker
+  ASSERT_NE(ch, nullptr);
+  Ctl ctl(name);
+  ASSERT_NE(ctl.cb, nullptr);
+  cxr_conn *c = nullptr;
+  ASSERT_EQ(connect_patiently(&c, name), 0);
+  for (int shared = 0; shared < 2; shared++) {
+    if (shared)  // a second thread's call turns the connection shared
+      std::thread([&] { EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0); })
+          .join();
+    EXPECT_EQ(cxr__conn_shared(c), shared == 1);
+    for (int i = 0; i < 10; i++) {
+      ASSERT_TRUE(eventually([&] { return CXR__LD(&ctl.cb->srv_sleepers) != 0; }));
+      cxr_call_opts o = with_deadline(300 * 1000000LL);
+      EXPECT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, &o), 0) << "shared " << shared
+                                                                    << ", call " << i;
+    }
+  }
+  cxr_conn_close(c);
+  cxr_channel_close(ch);
+}
+
 TEST(CallLimits, FullChannelAndRestartedServing) {
   std::string name = uniq("lim");
   cxr_channel *ch = serving(name, 4u << 20, 2, 2);
