@@ -281,7 +281,7 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
 /* One answer off the response ring, if there is one (0), by the sole user's operation when
  * this thread is the connection's sole user (rpc/sole.h). */
 static int answer_pop(cxr_conn *c, cxr__desc *d) {
-  if (!cxr__sole_begin(c)) return cxr__ring_pop(&c->resp, d);
+  if (!cxr__sole_begin(c)) return cxr__sole_gone(c) ? CXR_EAGAIN : cxr__ring_pop(&c->resp, d);
   int rc = cxr__ring_pop_single(&c->resp, d);
   cxr__sole_end(c);
   return rc;
@@ -293,6 +293,7 @@ static int answer_pop(cxr_conn *c, cxr__desc *d) {
 static int request_push(cxr_conn *c, const cxr__desc *d, bool count, int64_t stall_ns) {
   cxr__cli_ctr *ctr = &c->slot->cli;
   if (!cxr__sole_begin(c)) {
+    if (cxr__sole_gone(c)) return CXR_EIO; /* the connection is dead: its error follows */
     int rc = cxr__ring_push(&c->req, d);
     if (rc != 0) return rc;
     if (count) CXR__ADD(&ctr->calls, 1);

@@ -28,6 +28,9 @@
 
 #define CXR__SOLE_SHARED ((uintptr_t)1)
 #define CXR__SOLE_TURNING ((uintptr_t)2)
+/* The turn gave up waiting for the sole user (2 s): nobody touches the rings again and the
+ * connection is dead (CXR_EIO). */
+#define CXR__SOLE_GONE ((uintptr_t)3)
 
 /* Names the calling thread: the address of a thread-local byte, unique among live threads
  * (a thread that reuses a dead one's address inherits nothing it could race with). */
@@ -45,7 +48,7 @@ static inline bool cxr__sole_begin(cxr_conn *c) {
   /* acquire: SHARED is written after the sole user's last operation was seen to end */
   uintptr_t o = __atomic_load_n(&c->sole, __ATOMIC_ACQUIRE);
   if (__builtin_expect(o != me, 0)) {
-    if (o == CXR__SOLE_SHARED) return false;
+    if (o == CXR__SOLE_SHARED || o == CXR__SOLE_GONE) return false;
     cxr__sole_settle(c, me);
     if (__atomic_load_n(&c->sole, __ATOMIC_RELAXED) != me) return false;
   }
@@ -56,6 +59,11 @@ static inline bool cxr__sole_begin(cxr_conn *c) {
   if (__atomic_load_n(&c->sole, __ATOMIC_RELAXED) == me) return true;
   __atomic_store_n(&c->sole_busy, 0, __ATOMIC_RELEASE);
   return false;
+}
+
+/* After cxr__sole_begin said no: whether the rings are off limits for good (CXR__SOLE_GONE). */
+static inline bool cxr__sole_gone(cxr_conn *c) {
+  return __atomic_load_n(&c->sole, __ATOMIC_ACQUIRE) == CXR__SOLE_GONE;
 }
 
 /* Ends the sole user's ring operation: its writes are visible to whoever sees it idle. */
