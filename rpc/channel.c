@@ -281,14 +281,18 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   }
   free(sc->snap);
   sc->snap = NULL;
-  /* Nobody serves it now. Drop queued requests; free results the client never took. (Not
-   * in a heap whose file was shrunk: it goes whole, and what we see of it is zero pages.) */
+  /* Nobody serves it now. Drop queued requests; after a clean close, free the results the
+   * client never took, since the heap may serve the next client. Not after a death or a
+   * take-back: that heap goes whole, and a client we took it back from may be alive and
+   * still popping its answers, with the single-consumer pop of a sole user (rpc/sole.h),
+   * which a second consumer would make pop some twice. (Nothing at all in a heap whose file
+   * was shrunk: what we see of it is zero pages.) */
   cxr__desc d;
   int reaped = 0;
   if (!sc->damaged) {
     for (uint32_t i = 0; i <= sc->req.mask && cxr__ring_pop(&sc->req, &d) == 0; i++) {
     }
-    for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
+    for (uint32_t i = 0; !dead && i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
       cxr__sconn_free_result(sc, d.ptr);
     reaped = cxr_heap_reap(sc->heap);
   }
@@ -748,14 +752,10 @@ static void close_rest(cxr_channel *ch) {
       cxr__futex_wake(&sc->blk->resp.futex, INT_MAX);
     }
   }
-  for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) {
-    cxr__sconn *sc = &ch->conns[k];
-    if (sc->heap == NULL) continue;
-    cxr__desc d;
-    for (uint32_t i = 0; i <= sc->resp.mask && cxr__ring_pop(&sc->resp, &d) == 0; i++)
-      cxr__sconn_free_result(sc, d.ptr);
-    sconn_destroy(ch, sc);
-  }
+  /* The answers still on the rings stay there: their clients may be popping them right now
+   * (a sole user's pop admits no second consumer, rpc/sole.h), and each heap goes whole
+   * once its client unmaps it. */
+  for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) sconn_destroy(ch, &ch->conns[k]);
   cxr__seal_channel_close(ch);
   for (unsigned k = 0; ch->conns && k < ch->o.max_conns; k++) free(ch->conns[k].snap);
   free(ch->conns);
