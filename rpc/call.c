@@ -185,15 +185,10 @@ static void completion_wake(cxr_conn *c) {
   cxr__futex_wake(&c->resp.r->futex, INT_MAX);
 }
 
-/* Called by whoever made the outcome final: hands an armed callback to the completion
- * thread (exactly once: the CAS on cb_state decides). */
-static void fire(cxr_future *f) {
-  /* A plain (seq_cst) load first: no locked instruction when no callback is armed. */
-  if (__atomic_load_n(&f->cb_state, __ATOMIC_SEQ_CST) != CXR__CB_ARMED) return;
-  uint32_t armed = CXR__CB_ARMED;
-  if (!__atomic_compare_exchange_n(&f->cb_state, &armed, CXR__CB_FIRED, false, __ATOMIC_SEQ_CST,
-                                   __ATOMIC_SEQ_CST))
-    return;
+/* Called by whoever made the outcome of the call of generation gen final: hands its armed
+ * callback to the completion thread (exactly once: cxr__cb_fire decides). */
+static void fire(cxr_future *f, uint32_t gen) {
+  if (!cxr__cb_fire(f, gen)) return;
   cxr_conn *c = f->c;
   pthread_mutex_lock(&c->qlock);
   f->qnext = NULL;
@@ -206,16 +201,28 @@ static void fire(cxr_future *f) {
 
 /* ---- outcomes ---- */
 
+static __thread int64_t tl_outcome_pause; /* cxr__test_pause_after_outcome (tests only) */
+void cxr__test_pause_after_outcome(int64_t ns) { tl_outcome_pause = ns; }
+static void outcome_pause(void) {
+  if (__builtin_expect(tl_outcome_pause <= 0, 1)) return;
+  struct timespec ts = {tl_outcome_pause / 1000000000, tl_outcome_pause % 1000000000};
+  nanosleep(&ts, NULL);
+}
+
 /* Ends a pending call locally (timeout, cancel, dead peer): its response may still come. */
 static bool expire(cxr_future *f, int err) {
-  if (!cxr__future_orphan(f, err)) return false;
+  uint64_t id;
+  if (!cxr__future_orphan(f, err, &id)) return false;
+  outcome_pause();
   /* Tell the server we gave up (not for a dead peer or a closed channel): a request still
-   * queued is not run, and a running handler may stop (cxr_call_cancelled). The entry is not
-   * reused before its late answer comes, so the id written is still this call's. */
+   * queued is not run, and a running handler may stop (cxr_call_cancelled). The id is the
+   * one read while the entry was ours: the owner may since have freed the future and made a
+   * new call on the entry, which another thread's cancel must not touch (a review found
+   * the new call cancelled). */
   cxr_conn *c = f->c;
   if ((err == CXR_ECANCELED || err == CXR_ETIMEDOUT) && c->cancel != NULL)
-    CXR__ST(&c->cancel[f->index], cxr__future_call_id(f));
-  fire(f);
+    CXR__ST(&c->cancel[f->index], id);
+  fire(f, (uint32_t)(id >> 32));
   return true;
 }
 
@@ -246,7 +253,8 @@ static void deliver(cxr_conn *c, const cxr__desc *d) {
         continue;
       if (status == CXR_ETIMEDOUT) CXR__ADD(&ctr->timeouts, 1); /* expired in the queue */
       else if (status != 0) CXR__ADD(&ctr->errors, 1);
-      fire(f);
+      outcome_pause();
+      fire(f, gen);
       /* Wake threads of ours asleep on the ring: one of them may wait for this call. The
        * private count keeps us off the shared line the server rings. */
       if (__atomic_load_n(&c->sleeping, __ATOMIC_SEQ_CST) != 0) completion_wake(c);
@@ -565,8 +573,8 @@ void cxr_future_free(cxr_future *f) {
       case CXR__F_DONE:
       case CXR__F_REPLIED:
         if (!f->taken && out_result(f) != NULL) result_free(f->c, out_result(f));
-        if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) == CXR__CB_ARMED) {
-          __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELEASE);
+        if (cxr__cb_state(f) == CXR__CB_ARMED) {
+          cxr__cb_set(f, CXR__CB_NONE);
           __atomic_fetch_sub(&f->c->armed, 1, __ATOMIC_SEQ_CST);
         }
         entry_release(f);
@@ -608,7 +616,7 @@ static void run_callbacks(cxr_conn *c) {
 static void expire_armed(cxr_conn *c, int64_t now, int64_t *next) {
   for (uint32_t i = 0; i < c->ntab; i++) {
     cxr_future *f = &c->tab[i];
-    if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) != CXR__CB_ARMED) continue;
+    if (cxr__cb_state(f) != CXR__CB_ARMED) continue;
     if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) != CXR__F_PENDING) continue;
     if (now >= f->deadline) {
       if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
@@ -661,9 +669,9 @@ int cxr_future_then(cxr_future *f, void (*cb)(int err, void *result, void *user)
   cxr_conn *c = f->c;
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
-  if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) != CXR__CB_NONE) return CXR_EBUSY;
+  if (cxr__cb_state(f) != CXR__CB_NONE) return CXR_EBUSY;
   if (final(s)) { /* already done: run it now, in the caller */
-    __atomic_store_n(&f->cb_state, CXR__CB_FIRED, __ATOMIC_RELEASE);
+    cxr__cb_set(f, CXR__CB_FIRED);
     f->taken = true;
     cb(out_err(f), out_result(f), user);
     return 0;
@@ -679,9 +687,10 @@ int cxr_future_then(cxr_future *f, void (*cb)(int err, void *result, void *user)
   f->cb = cb;
   f->cb_user = user;
   __atomic_fetch_add(&c->armed, 1, __ATOMIC_SEQ_CST);
-  __atomic_store_n(&f->cb_state, CXR__CB_ARMED, __ATOMIC_SEQ_CST);
+  cxr__cb_set(f, CXR__CB_ARMED);
   /* If the outcome landed meanwhile, whoever wins the CAS in fire() queues it. */
-  if (final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST))) fire(f);
+  if (final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST)))
+    fire(f, __atomic_load_n(&f->gen, __ATOMIC_RELAXED));
   completion_wake(c);
   return 0;
 }

@@ -23,7 +23,7 @@ struct cxr_future {
   uint32_t state;        /* atomic CXR__F_* */
   uint32_t gen;          /* atomic: high half of the call id */
   uint32_t index;
-  uint32_t cb_state;     /* atomic CXR__CB_* */
+  uint64_t cb_state;     /* atomic: the generation << 32 | CXR__CB_* (cxr__cb_fire says why) */
   int err;
   bool taken;            /* the result was handed to the user */
   int rerr;              /* the answer (state REPLIED), written only by the deliverer */
@@ -112,7 +112,32 @@ static inline void cxr__future_reset(struct cxr_future *f) {
   f->cb = NULL;
   f->cb_user = NULL;
   f->qnext = NULL;
-  __atomic_store_n(&f->cb_state, CXR__CB_NONE, __ATOMIC_RELAXED);
+  __atomic_store_n(&f->cb_state, (uint64_t)gen << 32 | CXR__CB_NONE, __ATOMIC_RELAXED);
+}
+
+/* The callback state of f's current call. */
+static inline unsigned cxr__cb_state(const struct cxr_future *f) {
+  return (uint32_t)__atomic_load_n(&f->cb_state, __ATOMIC_SEQ_CST);
+}
+
+/* Sets the callback state of f's current call (by the future's user). */
+static inline void cxr__cb_set(struct cxr_future *f, unsigned st) {
+  uint64_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED);
+  __atomic_store_n(&f->cb_state, gen << 32 | st, __ATOMIC_SEQ_CST);
+}
+
+/* Moves an armed callback of the call of generation gen to FIRED: true for the one thread
+ * that does, which then hands it to be run. The generation is part of the word because a
+ * thread that published an outcome may fire it late: the owner may have seen the outcome,
+ * freed the future and made a new call on the same entry meanwhile, and armed its callback,
+ * which a check of the state alone would then run before its call has an outcome (found by
+ * a review, 2026-11-28). */
+static inline bool cxr__cb_fire(struct cxr_future *f, uint32_t gen) {
+  uint64_t armed = (uint64_t)gen << 32 | CXR__CB_ARMED;
+  /* A plain (seq_cst) load first: no locked instruction when no callback is armed. */
+  if (__atomic_load_n(&f->cb_state, __ATOMIC_SEQ_CST) != armed) return false;
+  return __atomic_compare_exchange_n(&f->cb_state, &armed, (uint64_t)gen << 32 | CXR__CB_FIRED,
+                                     false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
 /* The id a call travels under: its entry's generation << 32 | its index in the table. */
@@ -123,12 +148,15 @@ static inline uint64_t cxr__future_call_id(const struct cxr_future *f) {
 /* Ends a pending call locally (timeout, cancel, dead peer) while its response may still
  * come: PENDING -> BUSY -> ORPHAN, so a deliverer racing with us either wins first or sees
  * ORPHAN and drops the late answer. False if the call already had an outcome; on true the
- * caller fires the future's callback (each transport has its own way). */
-static inline bool cxr__future_orphan(struct cxr_future *f, int err) {
+ * caller fires the future's callback (each transport has its own way) for the call whose id
+ * *id gets: read while the entry is BUSY, since once ORPHAN is out the owner may free the
+ * future and the entry carry a new call. */
+static inline bool cxr__future_orphan(struct cxr_future *f, int err, uint64_t *id) {
   uint32_t s = CXR__F_PENDING;
   if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
                                    __ATOMIC_ACQUIRE))
     return false;
+  *id = cxr__future_call_id(f);
   f->err = err;
   f->result = NULL;
   __atomic_store_n(&f->state, CXR__F_ORPHAN, __ATOMIC_SEQ_CST);

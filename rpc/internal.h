@@ -387,6 +387,10 @@ int cxr__conn_pop_once(cxr_conn *c, cxr__desc *out);
  * takes the multi-thread ring operations. */
 bool cxr__conn_shared(cxr_conn *c);
 uint32_t cxr__conn_table_size(cxr_conn *c);
+/* From now on this thread pauses ns after each call outcome it makes final (an answer it
+ * delivers, an expiry), before it fires the callback or writes the cancel word: for tests
+ * of what the owner may do meanwhile. 0 ends it. */
+void cxr__test_pause_after_outcome(int64_t ns);
 /* The connection's rings as mapped here (tests corrupt them on purpose). */
 int cxr__conn_rings(cxr_conn *c, cxr__rview *req, cxr__rview *resp);
 /* Marks the connection dead with err and fails nothing: the state another thread's

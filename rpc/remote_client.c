@@ -88,11 +88,9 @@ static void run_cb(void *arg) {
   __atomic_sub_fetch(&rc->cb_queued, 1, __ATOMIC_SEQ_CST);
 }
 
-static void fire(cxr_future *f) {
-  uint32_t armed = CXR__CB_ARMED;
-  if (!__atomic_compare_exchange_n(&f->cb_state, &armed, CXR__CB_FIRED, false, __ATOMIC_SEQ_CST,
-                                   __ATOMIC_SEQ_CST))
-    return;
+/* Hands the armed callback of the call of generation gen to be run (exactly once). */
+static void fire(cxr_future *f, uint32_t gen) {
+  if (!cxr__cb_fire(f, gen)) return;
   struct cxr__rconn *rc = f->c->remote;
   __atomic_add_fetch(&rc->cb_queued, 1, __ATOMIC_SEQ_CST);
   if (cxr__rdma_defer_quiet(eng(), run_cb, f) != 0) /* no wake-up: we may hold rt_lock */
@@ -100,8 +98,9 @@ static void fire(cxr_future *f) {
 }
 
 static bool expire(cxr_future *f, int err) {
-  if (!cxr__future_orphan(f, err)) return false;
-  fire(f);
+  uint64_t id;
+  if (!cxr__future_orphan(f, err, &id)) return false;
+  fire(f, (uint32_t)(id >> 32));
   return true;
 }
 
@@ -231,7 +230,7 @@ static void on_call_rep(cxr_rdma_msg *m, void *user) {
       f->result = status == 0 ? result : NULL;
       if (status != 0 && result != NULL && lr == 0) queue_release(c, h->result);
       __atomic_store_n(&f->state, CXR__F_DONE, __ATOMIC_SEQ_CST);
-      fire(f);
+      fire(f, gen);
       break;
     }
     if (s == CXR__F_ORPHAN || s == CXR__F_ABANDONED) {
@@ -636,17 +635,18 @@ int cxr__remote_future_wait(cxr_future *f, int64_t timeout_ns, void **result) {
 int cxr__remote_future_then(cxr_future *f, void (*cb)(int, void *, void *), void *user) {
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
-  if (__atomic_load_n(&f->cb_state, __ATOMIC_ACQUIRE) != CXR__CB_NONE) return CXR_EBUSY;
+  if (cxr__cb_state(f) != CXR__CB_NONE) return CXR_EBUSY;
   if (final(s)) {
-    __atomic_store_n(&f->cb_state, CXR__CB_FIRED, __ATOMIC_RELEASE);
+    cxr__cb_set(f, CXR__CB_FIRED);
     f->taken = true;
     cb(f->err, f->result, user);
     return 0;
   }
   f->cb = cb;
   f->cb_user = user;
-  __atomic_store_n(&f->cb_state, CXR__CB_ARMED, __ATOMIC_SEQ_CST);
-  if (final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST))) fire(f);
+  cxr__cb_set(f, CXR__CB_ARMED);
+  if (final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST)))
+    fire(f, __atomic_load_n(&f->gen, __ATOMIC_RELAXED));
   return 0;
 }
 

@@ -453,6 +453,87 @@ TEST_F(Call, LiveThreadsThatCalledOnceDoNotHoldTheWholeTable) {
   EXPECT_EQ(failed.load(), 0u) << "the last: " << cxr_strerror(last_err.load());
 }
 
+// What a callback was called with.
+struct CallbackGot {
+  std::atomic<bool> done{false};
+  int err = 1;
+  void *result = (void *)1;
+};
+void note_callback(int err, void *result, void *user) {
+  CallbackGot *g = static_cast<CallbackGot *>(user);
+  g->err = err;
+  g->result = result;
+  g->done = true;
+}
+
+TEST_F(Call, AnotherThreadsLateFireDoesNotRunTheEntrysNextCallback) {
+  // A thread that delivers another thread's answer publishes it, then fires its callback.
+  // Between the two the owner may see the answer, free the future, call again on the same
+  // entry (its spare) and arm a callback: the late fire ran that callback at once, with
+  // (0, NULL), while the new call was still pending (a review, 2026-11-28). Here a thread
+  // polling its own long call delivers the others' answers and pauses 20 ms after each.
+  std::atomic<bool> stop{false};
+  std::thread poller([&] {
+    cxr__test_pause_after_outcome(20000000);
+    sleep_args a = {20000};
+    cxr_call_opts o = inline_opts(sizeof a, 30000000000);
+    cxr_future *f = nullptr;
+    ASSERT_EQ(cxr_conn_call_async(c, M_SPIN, &a, &f, &o), 0);
+    while (!stop.load()) cxr_future_poll(f, nullptr);
+    cxr_future_free(f);  // (cancels it: the handler stops)
+  });
+  usleep(10000);
+  int early = 0;
+  for (int i = 0; i < 30 && early == 0; i++) {
+    ASSERT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
+    sleep_args a = {5};
+    cxr_call_opts o = inline_opts(sizeof a, 5000000000);
+    cxr_future *g = nullptr;
+    ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &g, &o), 0);
+    CallbackGot got;
+    ASSERT_EQ(cxr_future_then(g, note_callback, &got), 0);
+    ASSERT_TRUE(eventually([&] { return got.done.load(); }));
+    if (got.err == 0 && got.result == nullptr) early++;  // M_SLEEP answers with a result
+    EXPECT_EQ(got.err, 0) << cxr_strerror(got.err);
+    if (got.result) cxr_heap_free(h, got.result);
+    cxr_future_free(g);
+  }
+  stop = true;
+  poller.join();
+  EXPECT_EQ(early, 0) << "a callback ran while its call was pending";
+}
+
+TEST_F(Call, AnotherThreadsCancelDoesNotCancelTheEntrysNextCall) {
+  // A cancel from another thread publishes the outcome, then writes the call's id into the
+  // cancel word the server reads. The owner may meanwhile see the outcome, free the future
+  // and, once the late answer came, call again on the same entry: the id written was read
+  // afresh, the new call's, and the server cancelled a call nobody cancelled (a review,
+  // 2026-11-28). The cancelling thread here pauses 200 ms after the outcome.
+  for (int i = 0; i < 3; i++) {
+    sleep_args a = {10};
+    cxr_call_opts o = inline_opts(sizeof a, 5000000000);
+    cxr_future *f = nullptr;
+    ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f, &o), 0);
+    std::thread canceller([&] {
+      cxr__test_pause_after_outcome(200000000);
+      EXPECT_EQ(cxr_future_cancel(f), 0);
+    });
+    while (cxr_future_poll(f, nullptr) == CXR_EAGAIN) {
+    }
+    cxr_future_free(f);  // the late answer (10 ms) gives the entry back
+    sleep_args b = {30};
+    o = inline_opts(sizeof b, 5000000000);
+    void *r = nullptr;
+    EXPECT_EQ(cxr_conn_call(c, M_SLEEP, &b, &r, &o), 0);  // takes that late answer in
+    if (r) cxr_heap_free(h, r);
+    sleep_args s2 = {300};  // runs while the canceller still pauses
+    o = inline_opts(sizeof s2, 5000000000);
+    int rc = cxr_conn_call(c, M_SPIN, &s2, nullptr, &o);
+    EXPECT_EQ(rc, 0) << "try " << i << ": " << cxr_strerror(rc);
+    canceller.join();
+  }
+}
+
 TEST_F(Call, ACallSentJustAfterThePeerWasFoundDeadEndsWithThatError) {
   // The state a race leaves: another thread found the server dead (c->dead set) and failed
   // the pending calls in one pass, which this call's entry missed (not pending yet); then
