@@ -38,40 +38,30 @@ static inline void ctr_add(const cxr_channel *ch, uint64_t *p, uint64_t v) {
 }
 
 static void push_response(cxr_channel *ch, cxr__sconn *sc, cxr__desc *r) {
-  /* The client keeps at most ring_slots calls in flight, so its response ring has room
-   * unless it misbehaves or stops draining: then wait a bounded time and drop. After one
-   * such wait the connection counts as stalled for the rest of its tenancy, and later
-   * answers that find the ring full are dropped at once, so a client that does not read its
-   * answers costs the workers one wait, not one per request (the other connections are
-   * served meanwhile). It used to count as stalled only until an answer went in again: a
-   * client that drained one answer a millisecond while pushing two requests held a worker
-   * in this wait again and again (one worker: another client's calls 17 ms instead of 7 µs). */
-  int64_t give_up = 0;
+  /* A client has at most ring_slots calls in flight (its pending table has as many entries,
+   * each held until its answer is taken off the ring), so its answer ring has room for
+   * every answer we owe it. Full means it pushed requests past its table (a raw or hostile
+   * client): the answer is dropped at once. Until 2026-11-28 the worker first waited
+   * peer_timeout for room, once per tenancy: with one worker, a client that reconnected and
+   * refilled its ring every 110 ms held the worker in that wait most of the time, and every
+   * other connection with it (found by a review). */
   bool single = ch->o.workers == 1; /* then this worker is the ring's only producer */
-  for (unsigned i = 0; (single ? cxr__ring_push_single(&sc->resp, r)
-                               : cxr__ring_push(&sc->resp, r)) != 0; i++) {
-    if (__atomic_load_n(&sc->retiring, __ATOMIC_SEQ_CST) ||
-        __atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE) ||
-        __atomic_load_n(&sc->resp_stalled, __ATOMIC_RELAXED))
-      goto drop;
-    int64_t now = cxr_now_ns();
-    if (give_up == 0) give_up = cxr__after(now, ch->o.peer_timeout_ns);
-    if (now > give_up) {
-      __atomic_store_n(&sc->resp_stalled, 1, __ATOMIC_RELAXED);
-      CXR_WARN("channel %s: connection %u: the client does not read its answers; dropping them",
-               ch->name, sc->index);
-      goto drop;
+  if ((single ? cxr__ring_push_single(&sc->resp, r) : cxr__ring_push(&sc->resp, r)) != 0) {
+    if (!__atomic_exchange_n(&sc->resp_stalled, 1, __ATOMIC_RELAXED)) {
+      uint64_t n = __atomic_add_fetch(&ch->overfilled_seen, 1, __ATOMIC_RELAXED);
+      if (cxr__log_due(n)) /* (a client reconnecting to do it again cannot flood the log) */
+        CXR_WARN("channel %s: connection %u: the client sent more requests than it can take "
+                 "answers for; dropping answers (%llu such connections so far)", ch->name,
+                 sc->index, (unsigned long long)n);
     }
-    if (i < 64) cxr__cpu_relax(); else sched_yield();
+    CXR_DEBUG("channel %s: connection %u: response ring full, dropping a response", ch->name,
+              sc->index);
+    cxr__sconn_free_result(sc, r->ptr);
+    ctr_add(ch, &sc->slot->srv.errors, 1);
+    return;
   }
   if (single) cxr__bell_ring(&sc->blk->resp.futex, &sc->blk->resp.sleepers);
   else cxr__bell_after_push(&sc->blk->resp.futex, &sc->blk->resp.sleepers);
-  return;
-drop:
-  CXR_DEBUG("channel %s: connection %u: response ring full, dropping a response", ch->name,
-            sc->index);
-  cxr__sconn_free_result(sc, r->ptr);
-  ctr_add(ch, &sc->slot->srv.errors, 1);
 }
 
 /* This worker's idea of the time, for the "expired in the queue" check: read after each

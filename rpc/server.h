@@ -27,7 +27,7 @@ typedef struct cxr__sconn {
   cxr__cslot *slot;          /* in the control block */
   unsigned index;
   uint32_t gen;              /* generation of the current tenancy */
-  int resp_stalled;          /* atomic: its response ring stayed full for peer_timeout */
+  int resp_stalled;          /* atomic: its answer ring was found full this tenancy */
   uint64_t *snap;            /* workers' passes when its retirement began (manager only) */
   unsigned nsnap;
   cxr__proc_id client;       /* owner, read once after it claimed the slot */
@@ -105,6 +105,7 @@ struct cxr_channel {
   uint64_t forged_seen;        /* (manager) forged slot states taken back since open */
   uint64_t repairs_seen;       /* (manager) cxr__bus_repairs() when it last looked */
   uint64_t shrunk_seen;        /* (manager) connection heaps found shrunk since open */
+  uint64_t overfilled_seen;     /* atomic: tenancies whose answer ring was found full */
   uint64_t shrunk_unread;      /* (manager) failed looks for shrunk heaps in a row */
   bool ctl_damaged;            /* (manager) the control heap's file was shrunk */
 };

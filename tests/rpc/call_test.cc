@@ -766,9 +766,9 @@ TEST_F(Call, CancelReachesTheServer) {
 
 TEST_F(Call, AClientThatNeverReadsItsAnswersDoesNotStallTheOthers) {
   // A second connection sends three rings' worth of requests and never reads an answer: its
-  // response ring fills. The server waits once (peer_timeout, 100 ms) for room, then drops
-  // that connection's answers at once; before, it waited 100 ms for every one, and the
-  // other connection's calls (3 s deadline here) timed out behind them.
+  // response ring fills. The server drops the answers that find it full (since 2026-11-28
+  // at once; before, after one wait of peer_timeout, and until 2026-11-23 after 100 ms for
+  // every one, when the other connection's calls, 3 s deadline here, timed out behind them).
   cxr_conn *bad = nullptr;
   ASSERT_EQ(cxr_connect(&bad, name.c_str(), nullptr), 0);
   uint32_t n = cxr__conn_table_size(bad);
@@ -838,6 +838,42 @@ TEST_F(Call, AClientThatDrainsItsAnswersSlowlyDoesNotHoldAWorker) {
   printf("20 calls beside a slow drainer: %lld ms\n", (long long)waited);
   EXPECT_LT(waited, 4000) << "the good connection's 20 calls waited behind the bad one";
   cxr_conn_close(bad);
+}
+
+TEST(CallLimits, AClientThatOverfillsItsAnswerRingDoesNotHoldTheWorker) {
+  // A client that pushes more requests than its table holds fills its answer ring. The only
+  // worker waited peer_timeout (5 s here) for room once per tenancy, and every other
+  // connection waited with it: a client reconnecting to do it again held the worker most
+  // of the time (a review, 2026-11-28). Now the answers that find the ring full are dropped
+  // at once, and the other client's calls (1 s deadline) go through meanwhile.
+  cxr_channel_opts co;
+  cxr_channel_opts_init(&co);
+  co.conn_heap_size = 1u << 20;
+  co.workers = 1;
+  co.peer_timeout_ns = 5000000000;
+  std::string name = uniq("overfill");
+  cxr_channel *ch = nullptr;
+  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &co), 0);
+  ASSERT_EQ(register_methods(ch), 0);
+  ASSERT_EQ(cxr_channel_start(ch), 0);
+  cxr_conn *good = nullptr, *bad = nullptr;
+  ASSERT_EQ(connect_patiently(&good, name), 0);
+  ASSERT_EQ(connect_patiently(&bad, name), 0);
+  const uint32_t n = cxr__conn_table_size(bad);
+  cxr_call_opts o = with_deadline(1000000000);
+  unsigned pushed = 0, ok = 0;
+  for (int round = 0; round < 4; round++) {
+    for (unsigned k = 0; k < n / 2; k++) {
+      cxr__desc d = raw_noop(1ull << 32 | (pushed % n));
+      if (cxr__conn_push_raw(bad, &d) == 0) pushed++;
+    }
+    for (int i = 0; i < 5; i++) ok += cxr_conn_call(good, M_NOOP, nullptr, nullptr, &o) == 0;
+  }
+  EXPECT_GT(pushed, n) << "the bad client never filled its answer ring";
+  EXPECT_EQ(ok, 20u) << "the good client's calls waited behind the bad one";
+  cxr_conn_close(bad);
+  cxr_conn_close(good);
+  cxr_channel_close(ch);
 }
 
 TEST_F(Call, MalformedDescriptorsGetErrorReplies) {
