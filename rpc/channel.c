@@ -269,6 +269,7 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
     sc->snap = calloc(n + 1, sizeof *sc->snap);
     if (sc->snap == NULL) return false;
     sc->nsnap = n;
+    sc->snap_at = cxr_now_ns();
     for (unsigned i = 0; i < n; i++) sc->snap[i] = __atomic_load_n(&ch->wpass[i].v, __ATOMIC_ACQUIRE);
   }
   for (unsigned i = 0; i < sc->nsnap; i++) {
@@ -321,6 +322,9 @@ static bool sconn_recycle(cxr_channel *ch, cxr__sconn *sc, bool dead) {
   return true;
 }
 
+/* How long a recycle may wait for the workers and still count as a slot ready soon. */
+#define RECYCLE_SOON_NS 20000000
+
 static unsigned count_ready(cxr_channel *ch) {
   unsigned n = 0;
   for (unsigned k = 0; k < ch->o.max_conns; k++)
@@ -334,10 +338,18 @@ static unsigned count_ready(cxr_channel *ch) {
 static unsigned refill(cxr_channel *ch, int *err) {
   if (err) *err = 0;
   unsigned ready = count_ready(ch), made = 0, soon = 0;
-  /* Slots being recycled will be ready shortly: do not make new heap files for them. */
+  /* Slots being recycled will be ready shortly: do not make new heap files for them. Not
+   * when a recycle has waited over RECYCLE_SOON_NS for the workers: a worker stays in its
+   * pass while a handler runs, of any connection, so the recycle waits as long as the
+   * longest handler (until 2026-11-28 a 4 s handler on one connection stopped every connect
+   * once two clients had closed meanwhile: a review). */
+  int64_t now = cxr_now_ns();
   for (unsigned k = 0; k < ch->o.max_conns; k++) {
-    unsigned st = cxr__owner_state(CXR__LD(&ch->conns[k].slot->owner));
-    if (ch->conns[k].heap != NULL && (st == CXR__SLOT_CLOSING || st == CXR__SLOT_BUSY)) soon++;
+    const cxr__sconn *sc = &ch->conns[k];
+    unsigned st = cxr__owner_state(CXR__LD(&sc->slot->owner));
+    bool held_up = sc->snap != NULL && now - sc->snap_at > RECYCLE_SOON_NS;
+    if (sc->heap != NULL && (st == CXR__SLOT_CLOSING || st == CXR__SLOT_BUSY) && !held_up)
+      soon++;
   }
   /* First reuse slots that still have a heap (no file operation), then create heaps. */
   for (int pass = 0; pass < 2; pass++) {

@@ -30,6 +30,7 @@ typedef struct cxr__sconn {
   int resp_stalled;          /* atomic: its answer ring was found full this tenancy */
   uint64_t *snap;            /* workers' passes when its retirement began (manager only) */
   unsigned nsnap;
+  int64_t snap_at;           /* when snap was taken (manager only) */
   cxr__proc_id client;       /* owner, read once after it claimed the slot */
   /* The client's identity as the kernel confirmed it (cxr_call_peer), for tenancy peer_gen
    * (atomic, written last): its pid maps this heap, peer_uid is its real uid. */

@@ -1480,6 +1480,45 @@ TEST(CallLimits, AConnectionTakenBackLeavesTheAnswersOnItsRingToItsClient) {
   cxr_channel_close(ch);
 }
 
+TEST(CallLimits, ALongHandlerDoesNotStopConnects) {
+  // A closed connection is recycled once every worker has begun a new pass, and a worker
+  // running a handler (of any connection) stays in its pass. The manager counted those
+  // recycles as slots ready soon and made no new heap for them: with a 4 s handler running,
+  // once pool (2) clients had connected and closed, every connect timed out with free
+  // slots and an idle worker (a review, 2026-11-28: cycles 3-5 of 6 failed).
+  std::string name = uniq("longh");
+  cxr_channel_opts co;
+  cxr_channel_opts_init(&co);
+  co.conn_heap_size = 1u << 20;
+  co.max_conns = 8;
+  co.pool = 2;
+  co.workers = 2;
+  cxr_channel *ch = nullptr;
+  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &co), 0);
+  ASSERT_EQ(register_methods(ch), 0);
+  ASSERT_EQ(cxr_channel_start(ch), 0);
+  cxr_conn *a = nullptr;
+  ASSERT_EQ(connect_patiently(&a, name), 0);
+  sleep_args s = {4000};
+  cxr_call_opts so = inline_opts(sizeof s, 10000000000);
+  cxr_future *slow = nullptr;
+  ASSERT_EQ(cxr_conn_call_async(a, M_SPIN, &s, &slow, &so), 0);
+  usleep(50000);  // it runs (a worker is in it)
+  cxr_conn_opts o = with_connect_timeout(1000000000);
+  for (int i = 0; i < 6; i++) {
+    cxr_conn *b = nullptr;
+    int rc = cxr_connect(&b, name.c_str(), &o);
+    EXPECT_EQ(rc, 0) << "cycle " << i << ": " << cxr_strerror(rc);
+    if (rc != 0) continue;
+    EXPECT_EQ(cxr_conn_call(b, M_NOOP, nullptr, nullptr, nullptr), 0);
+    cxr_conn_close(b);
+  }
+  EXPECT_EQ(cxr_future_poll(slow, nullptr), CXR_EAGAIN) << "the handler was not running";
+  cxr_future_free(slow);  // cancels it: the handler stops
+  cxr_conn_close(a);
+  cxr_channel_close(ch);
+}
+
 TEST(CallLimits, AForgedBusyDoesNotStopThePoolsRefill) {
   // BUSY is the manager's own mark while it recycles a slot. Written by a client into the
   // ready slots, they counted as "ready soon" and no new heap was ever made: every connect
