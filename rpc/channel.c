@@ -14,6 +14,7 @@
 #include "rpc/server.h"
 #include "shm/bus_guard.h"
 #include "shm/log.h"
+#include "shm/reg_deadline.h"
 
 void cxr_channel_opts_init(cxr_channel_opts *o) {
   if (o == NULL) return;
@@ -479,6 +480,7 @@ void *cxr__manager_main(void *arg) {
   int64_t tick = ch->o.peer_timeout_ns / 2;
   if (tick < 1000000) tick = 1000000;
   int64_t next_check = 0;
+  cxr__heap_lock_cap_set(CXR__SERVER_HEAP_LOCK_CAP_NS); /* (its own thread) */
   while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
     uint32_t v = __atomic_load_n(&cb->mgr_bell, __ATOMIC_SEQ_CST);
     int64_t now = cxr_now_ns();

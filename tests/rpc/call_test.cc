@@ -1389,6 +1389,40 @@ TEST(CallLimits, AConnectGivesUpByItsTimeoutWhileAClientJamsTheControlHeapsLock)
   cxr_channel_close(ch);
 }
 
+TEST(CallLimits, AClientJammingItsHeapsLockDoesNotHoldTheWorker) {
+  // A handler allocates its result in the connection heap, whose lock word the client can
+  // write. One left "held" under a live identity kept the only worker waiting for the lock's
+  // 2 s bound, and every other connection's calls with it (a review, 2026-11-28). The
+  // server's threads now wait at most 50 ms for a heap's lock: the jammed heap's call fails
+  // and another client's calls (1 s deadline) go through.
+  std::string name = uniq("jamheap");
+  cxr_channel *ch = serving(name, 1u << 20, 4, 2);  // one worker
+  ASSERT_NE(ch, nullptr);
+  cxr_conn *good = nullptr, *bad = nullptr;
+  ASSERT_EQ(connect_patiently(&good, name), 0);
+  ASSERT_EQ(connect_patiently(&bad, name), 0);
+  ASSERT_EQ(cxr_conn_call(bad, M_NOOP, nullptr, nullptr, nullptr), 0);
+  uint64_t *word = test_heap_lock_word(cxr_conn_heap(bad));
+  __atomic_store_n(word, cxr__plock_self_id(), __ATOMIC_SEQ_CST);  // a live process
+  add_args args = {1, 2};
+  cxr_call_opts ao = inline_opts(sizeof args, 10000000000);
+  cxr_future *jammed = nullptr;
+  ASSERT_EQ(cxr_conn_call_async(bad, M_ADD, &args, &jammed, &ao), 0);  // (nothing allocated here)
+  usleep(10000);  // the worker is in its handler, waiting for the lock
+  cxr_call_opts o = with_deadline(1000000000);
+  int ok = 0;
+  for (int i = 0; i < 10; i++) ok += cxr_conn_call(good, M_NOOP, nullptr, nullptr, &o) == 0;
+  EXPECT_EQ(ok, 10) << "the other client's calls waited for the jammed lock";
+  void *r = nullptr;
+  EXPECT_EQ(cxr_future_wait(jammed, 0, &r), CXR_ENOMEM);  // its handler could not allocate
+  cxr_future_free(jammed);
+  __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
+  EXPECT_EQ(cxr_conn_call(good, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr_conn_close(bad);
+  cxr_conn_close(good);
+  cxr_channel_close(ch);
+}
+
 TEST(CallLimits, AForgedFreeDoesNotHandALiveConnectionsHeapToTheNextClient) {
   // A client wrote FREE into another client's claimed slot: the manager readied that slot
   // with the live connection's heap for the next client, who then mapped the first one's
