@@ -484,6 +484,12 @@ void cxr_conn_close(cxr_conn *c) {
     cxr__remote_close(c);
     return;
   }
+  /* Calls made from here on fail at once: a callback the completion thread runs as it stops
+   * may call again and arm a callback of its own, which no thread would then run (and its
+   * future went with the table). */
+  int was_dead = 0;
+  __atomic_compare_exchange_n(&c->dead, &was_dead, CXR_ECLOSED, false, __ATOMIC_ACQ_REL,
+                              __ATOMIC_ACQUIRE);
   cxr__conn_stop_completion(c);
   cxr__conn_fail_all(c, CXR_ECLOSED);
   if (c->blk != NULL) held_close(c->blk, c->gen);
@@ -492,7 +498,7 @@ void cxr_conn_close(cxr_conn *c) {
   cxr__seal_conn_close(c);
   if (c->heap) {
     /* Keep the mapping only if the server may hand this heap out again. */
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) == 0) spare_put(c->ctl, c->heap);
+    if (was_dead == 0) spare_put(c->ctl, c->heap);
     else cxr_heap_close(c->heap);
   }
   if (c->ctl) ctl_put(c->ctl);

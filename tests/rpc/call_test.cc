@@ -534,6 +534,44 @@ TEST_F(Call, AnotherThreadsCancelDoesNotCancelTheEntrysNextCall) {
   }
 }
 
+TEST_F(Call, ACallbackCallingAgainDuringACloseIsRefused) {
+  // The close ends pending calls (CXR_ECLOSED) and runs their callbacks on the completion
+  // thread as it stops. One that called again and armed a callback of its own had it
+  // queued with no thread left to run it, and its future went with the table (a review,
+  // 2026-11-28). Calls made once the close has begun now fail at once.
+  struct Chain {
+    cxr_conn *c;
+    std::atomic<int> first_err{1}, again_rc{1};
+    std::atomic<bool> second_ran{false};
+  } chain;
+  chain.c = c;
+  sleep_args a = {300};  // still running when the close comes
+  cxr_call_opts o = inline_opts(sizeof a, 20000000000);
+  cxr_future *f = nullptr;
+  ASSERT_EQ(cxr_conn_call_async(c, M_SPIN, &a, &f, &o), 0);
+  ASSERT_EQ(cxr_future_then(
+                f,
+                [](int err, void *, void *user) {
+                  Chain *k = static_cast<Chain *>(user);
+                  k->first_err = err;
+                  cxr_future *g = nullptr;
+                  int rc = cxr_conn_call_async(k->c, M_NOOP, nullptr, &g, nullptr);
+                  k->again_rc = rc;
+                  if (rc == 0)
+                    cxr_future_then(g, [](int, void *, void *u) {
+                      static_cast<Chain *>(u)->second_ran = true;
+                    }, k);
+                },
+                &chain),
+            0);
+  cxr_conn_close(c);
+  c = nullptr;  // (closed: TearDown skips it)
+  EXPECT_EQ(chain.first_err.load(), CXR_ECLOSED);
+  EXPECT_TRUE(chain.again_rc.load() == CXR_ECLOSED || chain.second_ran.load())
+      << "a callback armed during the close never ran (rc " << chain.again_rc.load() << ")";
+  EXPECT_EQ(chain.again_rc.load(), CXR_ECLOSED);
+}
+
 TEST_F(Call, ACallSentJustAfterThePeerWasFoundDeadEndsWithThatError) {
   // The state a race leaves: another thread found the server dead (c->dead set) and failed
   // the pending calls in one pass, which this call's entry missed (not pending yet); then
