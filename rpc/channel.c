@@ -149,6 +149,7 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
       rc = cxr_heap_create(&h, name, ch->o.conn_heap_size, &ho);
     }
     if (rc != 0) return rc;
+    cxr__heap_lock_cap(h, CXR__SERVER_HEAP_LOCK_CAP_NS); /* the client can jam its lock */
     cxr__conn_block *b = cxr_heap_alloc_aligned(h, 64, cxr__conn_block_size(ring));
     if (b == NULL) {
       rc = cxr_last_error();
@@ -480,7 +481,6 @@ void *cxr__manager_main(void *arg) {
   int64_t tick = ch->o.peer_timeout_ns / 2;
   if (tick < 1000000) tick = 1000000;
   int64_t next_check = 0;
-  cxr__heap_lock_cap_set(CXR__SERVER_HEAP_LOCK_CAP_NS); /* (its own thread) */
   while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
     uint32_t v = __atomic_load_n(&cb->mgr_bell, __ATOMIC_SEQ_CST);
     int64_t now = cxr_now_ns();

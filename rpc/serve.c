@@ -9,7 +9,6 @@
 
 #include "rpc/server.h"
 #include "shm/log.h"
-#include "shm/reg_deadline.h"
 
 #define BATCH 16
 
@@ -270,7 +269,6 @@ void *cxr__worker_main(void *arg) {
   unsigned id = __atomic_fetch_add(&ch->wnext, 1, __ATOMIC_ACQ_REL);
   if (id >= CXR__MAX_WORKERS) return NULL;
   cxr__wpass *ws = &ch->wpass[id];
-  int64_t lock_cap = cxr__heap_lock_cap_set(CXR__SERVER_HEAP_LOCK_CAP_NS);
   /* One worker polls its watch list; several walk the active map (their rings have
    * several consumers, so the next slot is not theirs to know). */
   watch_list wl = {.members = __atomic_load_n(&ch->members, __ATOMIC_ACQUIRE) - 1};
@@ -339,6 +337,5 @@ void *cxr__worker_main(void *arg) {
     }
   }
   free(wl.w);
-  cxr__heap_lock_cap_set(lock_cap); /* (serve() runs a worker on the caller's thread) */
   return NULL;
 }

@@ -112,10 +112,10 @@ struct cxr_channel {
 };
 
 /* serve.c */
-/* How long the server's threads wait for a connection heap's lock (its client can write the
- * word: one that leaves it "held" would otherwise stop a worker, and so every connection it
- * serves, for the lock's 2 s bound, once per heap). A client thread preempted while it holds
- * the lock rarely keeps it this long; a handler's allocation then fails instead. */
+/* How long the server waits for a connection heap's lock (its client can write the word: one
+ * that leaves it "held" would otherwise stop a worker, and so every connection it serves,
+ * for the lock's 2 s bound, once per heap). A client thread preempted while it holds the
+ * lock rarely keeps it this long; a handler's allocation then fails instead. */
 #define CXR__SERVER_HEAP_LOCK_CAP_NS 50000000
 
 void *cxr__worker_main(void *arg);

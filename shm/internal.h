@@ -55,6 +55,7 @@ struct cxr_heap {
   cxr__pme *pm;
   uint64_t npages, data_off, size;
   cxr__geo g;                /* the same, for the allocator's internals */
+  int64_t lock_cap;          /* cxr__heap_lock_cap (shm/reg_deadline.h), or 0 */
   struct cxr_heap *next;     /* open handles of this process */
 };
 

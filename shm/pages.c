@@ -169,15 +169,12 @@ _Thread_local int cxr__lock_reaped;
 #define LOCK_WAIT_NS 2000000000ll
 #define LOCK_WAIT_STUCK_NS 10000000ll
 
-static __thread int64_t tl_lock_cap; /* cxr__heap_lock_cap_set (shm/reg_deadline.h) */
-int64_t cxr__heap_lock_cap_set(int64_t ns) {
-  int64_t prev = tl_lock_cap;
-  tl_lock_cap = ns > 0 ? ns : 0;
-  return prev;
+void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns) {
+  if (h != NULL) h->lock_cap = ns > 0 ? ns : 0;
 }
 
-/* Heaps whose lock a capped thread gave up on: logged at the 1st, 2nd, 4th... only (a client
- * jamming the lock of each new heap it gets would otherwise write a line per heap). */
+/* Capped handles that gave up on their heap's lock: logged at the 1st, 2nd, 4th... only (a
+ * client jamming the lock of each new heap it gets would otherwise write a line per heap). */
 static uint64_t capped_gave_up;
 
 int cxr__heap_lock(cxr_heap *h) {
@@ -190,7 +187,7 @@ int cxr__heap_lock(cxr_heap *h) {
   if (rc == CXR_EBUSY) {
     bool stuck = __atomic_load_n(&h->m->lock_stuck, __ATOMIC_RELAXED);
     int64_t wait = stuck ? LOCK_WAIT_STUCK_NS : LOCK_WAIT_NS;
-    if (tl_lock_cap > 0 && wait > tl_lock_cap) wait = tl_lock_cap;
+    if (h->lock_cap > 0 && wait > h->lock_cap) wait = h->lock_cap;
     /* A caller with a deadline of its own (a connect opening heaps, shm/reg_deadline.h) is
      * not kept past it: it may hold the pod registry's lock meanwhile. (The clock is read
      * only for such a caller.) */
@@ -198,7 +195,7 @@ int cxr__heap_lock(cxr_heap *h) {
     rc = cxr__plock_lock(&h->hdr->lock, me, wait);
     if (rc == CXR_ETIMEDOUT && callers) return CXR_ETIMEDOUT;
     if (rc == CXR_ETIMEDOUT) {
-      if (!stuck && (tl_lock_cap == 0 ||
+      if (!stuck && (h->lock_cap == 0 ||
                      cxr__log_due(__atomic_add_fetch(&capped_gave_up, 1, __ATOMIC_RELAXED))))
         CXR_ERR("heap %.*s: its lock was not released within %lld ms (a holder is stopped, "
                 "or the word was overwritten); its allocations fail until it is",

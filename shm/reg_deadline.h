@@ -3,7 +3,7 @@
  * other processes can hold. The pod registry's lock is awaited at most 10 s
  * (shm/registry.c); a caller with a shorter deadline of its own (a connect and its connect
  * timeout) sets it here around the heap calls it makes, so that they give up by then too.
- * A heap's lock is awaited at most 2 s (shm/pages.c), less on a thread that caps it.
+ * A heap's lock is awaited at most 2 s (shm/pages.c), less through a handle capped here.
  */
 #ifndef CXRPC_SHM_REG_DEADLINE_H
 #define CXRPC_SHM_REG_DEADLINE_H
@@ -19,11 +19,11 @@ extern "C" {
  * replaces, for the caller to put back. */
 int64_t cxr__reg_deadline_set(int64_t until_ns);
 
-/* Caps how long this thread waits for a heap's lock (ns; 0: no cap beyond the lock's own
- * 2 s bound) and returns the cap it replaces. A server's threads set it: a connection
- * heap's lock word is writable by its client, and one that leaves it "held" stopped the
- * thread (and every connection a worker serves) for the whole bound, once per heap. */
-int64_t cxr__heap_lock_cap_set(int64_t ns);
+/* Caps how long this handle's users wait for its heap's lock (ns; 0: no cap beyond the
+ * lock's own 2 s bound). An rpc server caps its handles of connection heaps: their lock word
+ * is writable by the client, and one left "held" stopped a worker (and every connection it
+ * serves) for the whole bound, once per heap. */
+void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns);
 
 /* Locks m, giving up with CXR_ETIMEDOUT at until_ns (a cxr_now_ns() time; 0: never): for
  * mutexes another thread may hold while it waits for the registry's lock (the runtime's,
