@@ -573,10 +573,7 @@ void cxr_future_free(cxr_future *f) {
       case CXR__F_DONE:
       case CXR__F_REPLIED:
         if (!f->taken && out_result(f) != NULL) result_free(f->c, out_result(f));
-        if (cxr__cb_state(f) == CXR__CB_ARMED) {
-          cxr__cb_set(f, CXR__CB_NONE);
-          __atomic_fetch_sub(&f->c->armed, 1, __ATOMIC_SEQ_CST);
-        }
+        if (cxr__cb_disarm(f)) __atomic_fetch_sub(&f->c->armed, 1, __ATOMIC_SEQ_CST);
         entry_release(f);
         return;
       case CXR__F_ORPHAN:

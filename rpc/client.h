@@ -126,6 +126,15 @@ static inline void cxr__cb_set(struct cxr_future *f, unsigned st) {
   __atomic_store_n(&f->cb_state, gen << 32 | st, __ATOMIC_SEQ_CST);
 }
 
+/* Takes back f's armed callback (a future freed before its callback ran: cxr_future_then(3)
+ * says that may drop it): true if this did, not a fire racing with it. */
+static inline bool cxr__cb_disarm(struct cxr_future *f) {
+  uint64_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED);
+  uint64_t armed = gen << 32 | CXR__CB_ARMED;
+  return __atomic_compare_exchange_n(&f->cb_state, &armed, gen << 32 | CXR__CB_NONE, false,
+                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
 /* Moves an armed callback of the call of generation gen to FIRED: true for the one thread
  * that does, which then hands it to be run. The generation is part of the word because a
  * thread that published an outcome may fire it late: the owner may have seen the outcome,

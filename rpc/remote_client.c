@@ -97,10 +97,14 @@ static void fire(cxr_future *f, uint32_t gen) {
     __atomic_sub_fetch(&rc->cb_queued, 1, __ATOMIC_SEQ_CST);
 }
 
-static bool expire(cxr_future *f, int err) {
-  uint64_t id;
-  if (!cxr__future_orphan(f, err, &id)) return false;
-  fire(f, (uint32_t)(id >> 32));
+/* Ends a pending call locally; on true, *id (if not NULL) gets its call id as read while the
+ * entry was still ours (the owner may free the future and call again on the entry as soon as
+ * the outcome is out: a CANCEL must name the call that ended, not the next one). */
+static bool expire(cxr_future *f, int err, uint64_t *id) {
+  uint64_t mine;
+  if (!cxr__future_orphan(f, err, &mine)) return false;
+  if (id != NULL) *id = mine;
+  fire(f, (uint32_t)(mine >> 32));
   return true;
 }
 
@@ -108,11 +112,11 @@ static bool expire(cxr_future *f, int err) {
  * and a running handler sees it (cxr_call_cancelled). Only from user threads, never the
  * progress thread (the send may wait, at most 10 ms). Best effort: a lost CANCEL only means
  * the handler runs to its end and its answer is discarded. */
-static void tell_server(cxr_conn *c, cxr_future *f) {
+static void tell_server(cxr_conn *c, uint64_t call_id) {
   struct cxr__rconn *rc = c->remote;
   if (rc == NULL || rc->ep == NULL || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) return;
   r_cancel m = {.magic = R_MAGIC, .conn_id = rc->conn_id, .token = rc->token,
-                .call_id = cxr__future_call_id(f)};
+                .call_id = call_id};
   int err = cxr_rdma_am_send(rc->ep, R_CANCEL, &m, sizeof m, NULL, 0, cxr_now_ns() + 10000000);
   if (err) CXR_DEBUG("remote %s: cancel not sent: %s", rc->chan, cxr_strerror(err));
 }
@@ -135,7 +139,7 @@ static void queue_release(cxr_conn *c, uint64_t root) {
 }
 
 static void fail_all(cxr_conn *c, int err) {
-  for (uint32_t i = 0; c->tab && i < c->ntab; i++) expire(&c->tab[i], err);
+  for (uint32_t i = 0; c->tab && i < c->ntab; i++) expire(&c->tab[i], err, NULL);
 }
 
 static void on_ep_error(cxr_rdma_ep *ep, int err, void *user) {
@@ -257,7 +261,7 @@ static void sweep(void *user) {
     for (uint32_t i = 0; i < c->ntab; i++) {
       cxr_future *f = &c->tab[i];
       if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_PENDING && now >= f->deadline)
-        expire(f, CXR_ETIMEDOUT);
+        expire(f, CXR_ETIMEDOUT, NULL);
     }
   }
   pthread_mutex_unlock(&rt_lock);
@@ -315,15 +319,16 @@ static int rwait(cxr_conn *c, cxr_future *f, int64_t until) {
     if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) break;
     int64_t now = cxr_now_ns();
     if (now >= f->deadline) {
-      if (expire(f, CXR_ETIMEDOUT)) {
+      uint64_t id;
+      if (expire(f, CXR_ETIMEDOUT, &id)) {
         CXR__ADD(&c->slot->cli.timeouts, 1);
-        tell_server(c, f);
+        tell_server(c, id);
       }
       continue;
     }
     int dead = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
     if (dead) {
-      expire(f, dead);
+      expire(f, dead, NULL);
       continue;
     }
     if (now >= until) {
@@ -584,8 +589,9 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
      * deadline is still UCX's and may go out later (a receiver that does not take a large
      * argument in time): the server is told not to run it, as for a reply that came late.
      * (It counts the deadline from the call's arrival, so it would run it.) */
-    expire(f, err);
-    if (err == CXR_ETIMEDOUT) tell_server(c, f);
+    uint64_t id = cxr__future_call_id(f); /* (f is still this thread's alone) */
+    expire(f, err, NULL);
+    if (err == CXR_ETIMEDOUT) tell_server(c, id);
     int d = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
     cxr_future_free(f);
     CXR__ADD(&c->slot->cli.errors, 1);
@@ -653,20 +659,22 @@ int cxr__remote_future_then(cxr_future *f, void (*cb)(int, void *, void *), void
 int cxr__remote_future_cancel(cxr_future *f) {
   uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (s == CXR__F_FREE || s == CXR__F_ABANDONED) return CXR_EINVAL;
-  if (expire(f, CXR_ECANCELED)) {
+  uint64_t id;
+  if (expire(f, CXR_ECANCELED, &id)) {
     CXR__ADD(&f->c->slot->cli.cancels, 1);
-    tell_server(f->c, f);
+    tell_server(f->c, id);
     return 0;
   }
   return CXR_EBUSY;
 }
 
 void cxr__remote_future_free(cxr_future *f) {
+  uint64_t id;
   for (;;) {
     uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
     switch (s) {
       case CXR__F_PENDING:
-        if (expire(f, CXR_ECANCELED)) tell_server(f->c, f);
+        if (expire(f, CXR_ECANCELED, &id)) tell_server(f->c, id);
         continue;
       case CXR__F_DONE:
         if (!f->taken && f->result != NULL) queue_release(f->c, (uint64_t)(uintptr_t)f->result);
