@@ -20,7 +20,8 @@ const docstore_Value *json_at(const docstore_Value *v, const char *path, size_t 
 uint64_t json_count(const docstore_Value *v);
 /* The same for a tree its writer may still be changing (a request read where it lies, in
  * the client's heap): each field read once, at most max values and depth levels below the
- * root, every value, object and array inside r (the call's argument range). Shared subtrees
+ * root, every value, object and array inside r (the call's argument range), and at most max
+ * members and items looked at in all. Shared subtrees
  * count once per reference, so a graph the validator saw small can stand, after the client
  * swaps one pointer, for a tree of 2^50 values. 0, or CXR_EINVAL when a bound is reached,
  * CXR_EBADPTR when a pointer lies outside r (*n is then what was counted). */

@@ -47,6 +47,34 @@ TEST(DocstoreCount, SharedSubtreesAreCountedWithinTheBounds) {
   cxr_heap_unlink("docstore-count");
 }
 
+// Members with no value cost no count but cost a look each: an object of 2000 such members
+// shared by 1000 references is 2 million looks for 1001 values. The bound on values alone
+// let it through (the same graph at a million by a million kept a worker for an hour: a
+// review, 2026-11-28); looks now count against the bound too.
+TEST(DocstoreCount, MembersWithoutValuesCountAgainstTheBound) {
+  cxrt::setup_root("docstore-count-null");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, "docstore-count-null", 1 << 20, nullptr), 0);
+  docstore_Value *empty = docstore_Value_new(h), *root = docstore_Value_new(h);
+  docstore_Object *eo = docstore_Object_new(h), *ro = docstore_Object_new(h);
+  ASSERT_TRUE(empty && root && eo && ro);
+  ASSERT_TRUE(CXR_VEC_ALLOC(h, eo->members, 2000));  // (values NULL)
+  ASSERT_TRUE(CXR_VEC_ALLOC(h, ro->members, 1000));
+  for (int k = 0; k < 1000; k++) ro->members.items[k].value = empty;
+  empty->kind_case = 5;
+  empty->kind.object = eo;
+  root->kind_case = 5;
+  root->kind.object = ro;
+  cxr_range r = {cxr_heap_base(h), cxr_heap_size(h)};
+  uint64_t n = 0;
+  EXPECT_EQ(json_count_within(root, &r, 1u << 20, 64, &n), CXR_EINVAL);
+  n = 0;  // within a larger bound it counts what json_count does
+  EXPECT_EQ(json_count_within(root, &r, 1u << 22, 64, &n), 0);
+  EXPECT_EQ(n, json_count(root));
+  cxr_heap_close(h);
+  cxr_heap_unlink("docstore-count-null");
+}
+
 // A pointer the client swapped after validation to memory outside the call's argument range
 // (here: this process's own memory, as the server's store heap would be): the count refuses
 // it before reading there, where it followed it (and counted what it found) before.
