@@ -417,14 +417,44 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
   return 0;
 }
 
+static __thread unsigned free_depth;
+static __thread uint64_t free_budget;
+
+static uint64_t free_refused; /* walks cut short: logged at the 1st, 2nd, 4th... */
+
+bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size) {
+  if (free_depth == 0) free_budget = CXR__FREE_BUDGET;
+  if (p == NULL || size == 0 || count > free_budget || free_depth >= CXR__MAX_DEPTH ||
+      count > UINT64_MAX / size || !cxr_heap_contains(h, p, count ? count * size : 1)) {
+    if (p != NULL && cxr__log_due(__atomic_add_fetch(&free_refused, 1, __ATOMIC_RELAXED)))
+      CXR_WARN("idl: a _free left %llu block(s) at %p: outside the heap, or past the walk's "
+               "bounds (a graph rewritten by a peer?)", (unsigned long long)count, p);
+    return false;
+  }
+  free_budget -= count;
+  free_depth++;
+  return true;
+}
+
+void cxr__free_leave(void) { free_depth--; }
+
+/* Each pointer and the count read once (the graph may be a peer's to change). */
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a) {
-  for (uint64_t i = 0; a->items && i < a->count; i++) cxr_heap_free(h, (void *)a->items[i].ptr);
-  cxr_heap_free(h, a->items);
+  cxr_str *items = CXR__LOAD(&a->items);
+  uint64_t count = CXR__LOAD(&a->count);
+  if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
+  for (uint64_t i = 0; i < count; i++) cxr_heap_free(h, (void *)CXR__LOAD(&items[i].ptr));
+  cxr__free_leave();
+  cxr_heap_free(h, items);
 }
 
 void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a) {
-  for (uint64_t i = 0; a->items && i < a->count; i++) cxr_heap_free(h, (void *)a->items[i].ptr);
-  cxr_heap_free(h, a->items);
+  cxr_bytes *items = CXR__LOAD(&a->items);
+  uint64_t count = CXR__LOAD(&a->count);
+  if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
+  for (uint64_t i = 0; i < count; i++) cxr_heap_free(h, (void *)CXR__LOAD(&items[i].ptr));
+  cxr__free_leave();
+  cxr_heap_free(h, items);
 }
 
 bool cxr__eq_mem(const void *a, uint64_t alen, const void *b, uint64_t blen) {

@@ -353,6 +353,15 @@ static int find_ptr(const cxr_heap *h, const void *p, found *f) {
   return 0;
 }
 
+/* Bad frees logged: the 1st, 2nd, 4th... only. A graph a peer rewrote, freed by a walk that
+ * cannot tell (an rpc handler's result left in a connection heap), may name the same blocks
+ * a million times. */
+static uint64_t bad_frees;
+#define BAD_FREE(...)                                                                        \
+  do {                                                                                       \
+    if (cxr__log_due(__atomic_add_fetch(&bad_frees, 1, __ATOMIC_RELAXED))) CXR_ERR(__VA_ARGS__); \
+  } while (0)
+
 void cxr_heap_free(cxr_heap *h, void *p) {
   if (p == NULL) return;
   int rc = cxr__heap_ready(h);
@@ -362,7 +371,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   }
   found f;
   if (find_ptr(h, p, &f) != 0) {
-    CXR_ERR("heap %.*s: free of %p, not an allocation of this heap", CXR__HDR_NAME(h->hdr), p);
+    BAD_FREE("heap %.*s: free of %p, not an allocation of this heap", CXR__HDR_NAME(h->hdr), p);
     cxr__set_error(CXR_EBADPTR);
     return;
   }
@@ -383,7 +392,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
         cxr__set_error(CXR_ECORRUPT);
       }
     } else {
-      CXR_ERR("heap %.*s: double free of pages at %p", CXR__HDR_NAME(h->hdr), p);
+      BAD_FREE("heap %.*s: double free of pages at %p", CXR__HDR_NAME(h->hdr), p);
       cxr__set_error(CXR_EINVAL);
     }
     cxr__heap_unlock(h);
@@ -394,7 +403,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   uint64_t nt = cxr__tag(CXR_BLK_CACHED, c, h->slot, h->gen);
   for (;;) {
     if (cxr__tag_state(t) != CXR_BLK_ALLOC || cxr__tag_class(t) != c) {
-      CXR_ERR("heap %.*s: free of %p: not allocated (double free?)", CXR__HDR_NAME(h->hdr), p);
+      BAD_FREE("heap %.*s: free of %p: not allocated (double free?)", CXR__HDR_NAME(h->hdr), p);
       cxr__set_error(CXR_EINVAL);
       return;
     }

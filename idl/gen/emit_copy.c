@@ -93,11 +93,14 @@ static void free_repeated(gen_buf *c, const gm_field *x) {
     gb_printf(c, "  cxr__free_strs(h, &m->%s);\n", n);
   else if (x->kind == GK_BYTES)
     gb_printf(c, "  cxr__free_bytess(h, &m->%s);\n", n);
-  else if (x->kind == GK_MESSAGE)
+  else if (x->kind == GK_MESSAGE) /* (items and count read once: cxr__free_enter) */
     gb_printf(c,
-              "  for (uint64_t i = 0; m->%s.items && i < m->%s.count; i++) "
-              "%s__fin(h, &m->%s.items[i]);\n  cxr_heap_free(h, m->%s.items);\n",
-              n, n, x->msg->cname, n, n);
+              "  {\n    %s *it = CXR__LOAD(&m->%s.items);\n"
+              "    uint64_t cnt = CXR__LOAD(&m->%s.count);\n"
+              "    if (it && cxr__free_enter(h, it, cnt, sizeof *it)) {\n"
+              "      for (uint64_t i = 0; i < cnt; i++) %s__fin(h, &it[i]);\n"
+              "      cxr__free_leave();\n      cxr_heap_free(h, it);\n    }\n  }\n",
+              x->msg->cname, n, n, x->msg->cname);
   else
     gb_printf(c, "  cxr_heap_free(h, m->%s.items);\n", n);
 }
@@ -269,7 +272,9 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
             "when it would read more\n *        bytes than r holds (blocks shared or "
             "overlapping since validation).\n"
             " * _free: frees m and everything it points to, all allocated in h (by _new, "
-            "cxr_str_set,\n *        CXR_VEC_ALLOC, _copy or _from_pb).\n"
+            "cxr_str_set,\n *        CXR_VEC_ALLOC, _copy or _from_pb); a graph a peer "
+            "rewrote since costs a\n *        bounded walk (cxr__free_enter), not a crash "
+            "or a hang.\n"
             " * _equal: same content (presence, oneof cases, values; -0 == 0, NaN == NaN).\n"
             " * _ranges: appends the exact byte ranges the graph occupies (root included). */\n");
   for (size_t i = 0; i < f->nmsgs; i++) {
@@ -342,8 +347,9 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
               "  *out = d;\n  return 0;\n}\n",
               n, n, n, n, n, n, n, n);
     gb_printf(c,
-              "\nvoid %s_free(cxr_heap *h, %s *m) {\n  if (!h || !m) return;\n"
-              "  %s__fin(h, m);\n  cxr_heap_free(h, m);\n}\n",
+              "\nvoid %s_free(cxr_heap *h, %s *m) {\n"
+              "  if (!h || !m || !cxr__free_enter(h, m, 1, sizeof *m)) return;\n"
+              "  %s__fin(h, m);\n  cxr__free_leave();\n  cxr_heap_free(h, m);\n}\n",
               n, n, n);
     gb_printf(c,
               "\nvoid %s_release(cxr_conn *c, %s *m) {\n  if (!c || !m) return;\n"

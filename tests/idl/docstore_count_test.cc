@@ -129,4 +129,52 @@ TEST(DocstoreCount, PointersOutsideTheRangeAreRefused) {
   cxr_heap_unlink("docstore-count-range");
 }
 
+// A _free of a graph a peer can still write (a handler's result left in the client's heap when
+// the handler fails, a half-built copy there) followed every pointer it found: rewritten
+// into a cycle it recursed until the stack ran out, into shared subtrees it walked 2^50
+// paths (a review, 2026-11-28). Now each block must lie in the heap and the walk is bounded.
+TEST(DocstoreFree, AGraphRewrittenIntoACycleOrSharedSubtreesIsFreedWithinBounds) {
+  cxrt::setup_root("docstore-free");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, "docstore-free", 1 << 20, nullptr), 0);
+  int64_t t0 = cxr_now_ns();
+  // A cycle: an object whose member holds the object's own value.
+  docstore_Value *v = docstore_Value_new(h);
+  docstore_Object *o = docstore_Object_new(h);
+  ASSERT_TRUE(v && o);
+  ASSERT_TRUE(CXR_VEC_ALLOC(h, o->members, 1));
+  o->members.items[0].value = v;
+  v->kind_case = 5;
+  v->kind.object = o;
+  docstore_Value_free(h, v);
+  // 30 levels, each an object whose two members both hold the next level: 2^30 paths.
+  docstore_Value *next = docstore_Value_new(h);
+  ASSERT_NE(next, nullptr);
+  for (int level = 0; level < 30; level++) {
+    docstore_Value *w = docstore_Value_new(h);
+    docstore_Object *wo = docstore_Object_new(h);
+    ASSERT_TRUE(w && wo);
+    ASSERT_TRUE(CXR_VEC_ALLOC(h, wo->members, 2));
+    for (int k = 0; k < 2; k++) wo->members.items[k].value = next;
+    w->kind_case = 5;
+    w->kind.object = wo;
+    next = w;
+  }
+  docstore_Value_free(h, next);
+  // A pointer to memory outside the heap is left alone.
+  static docstore_Object outside;
+  docstore_Value *x = docstore_Value_new(h);
+  ASSERT_NE(x, nullptr);
+  x->kind_case = 5;
+  x->kind.object = &outside;
+  docstore_Value_free(h, x);
+  printf("three rewritten graphs freed in %lld ms\n", (long long)((cxr_now_ns() - t0) / 1000000));
+  // The heap still works.
+  void *p = cxr_heap_alloc(h, 64);
+  EXPECT_NE(p, nullptr);
+  cxr_heap_free(h, p);
+  cxr_heap_close(h);
+  cxr_heap_unlink("docstore-free");
+}
+
 }  // namespace
