@@ -12,23 +12,28 @@
 
 namespace {
 
-TEST(DocstoreCount, SharedSubtreesAreCountedWithinTheBounds) {
-  cxrt::setup_root("docstore-count");
-  cxr_heap *h = nullptr;
-  ASSERT_EQ(cxr_heap_create(&h, "docstore-count", 1 << 20, nullptr), 0);
-  // 50 levels, each an object whose two members both hold the next level.
+// levels objects deep, each an object whose two members both hold the next level (2^levels
+// paths through levels * 3 + 1 blocks), or nullptr.
+docstore_Value *shared_levels(cxr_heap *h, int levels) {
   docstore_Value *next = docstore_Value_new(h);
-  ASSERT_NE(next, nullptr);
-  for (int level = 0; level < 50; level++) {
+  for (int level = 0; next && level < levels; level++) {
     docstore_Value *v = docstore_Value_new(h);
     docstore_Object *o = docstore_Object_new(h);
-    ASSERT_TRUE(v && o);
-    ASSERT_TRUE(CXR_VEC_ALLOC(h, o->members, 2));
+    if (!v || !o || !CXR_VEC_ALLOC(h, o->members, 2)) return nullptr;
     for (int k = 0; k < 2; k++) o->members.items[k].value = next;
     v->kind_case = 5;
     v->kind.object = o;
     next = v;
   }
+  return next;
+}
+
+TEST(DocstoreCount, SharedSubtreesAreCountedWithinTheBounds) {
+  cxrt::setup_root("docstore-count");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, "docstore-count", 1 << 20, nullptr), 0);
+  docstore_Value *next = shared_levels(h, 50);
+  ASSERT_NE(next, nullptr);
   cxr_range r = {cxr_heap_base(h), cxr_heap_size(h)};
   uint64_t n = 0;
   EXPECT_EQ(json_count_within(next, &r, 1u << 20, 64, &n), CXR_EINVAL);
@@ -147,19 +152,8 @@ TEST(DocstoreFree, AGraphRewrittenIntoACycleOrSharedSubtreesIsFreedWithinBounds)
   v->kind_case = 5;
   v->kind.object = o;
   docstore_Value_free(h, v);
-  // 30 levels, each an object whose two members both hold the next level: 2^30 paths.
-  docstore_Value *next = docstore_Value_new(h);
+  docstore_Value *next = shared_levels(h, 30);  // 2^30 paths
   ASSERT_NE(next, nullptr);
-  for (int level = 0; level < 30; level++) {
-    docstore_Value *w = docstore_Value_new(h);
-    docstore_Object *wo = docstore_Object_new(h);
-    ASSERT_TRUE(w && wo);
-    ASSERT_TRUE(CXR_VEC_ALLOC(h, wo->members, 2));
-    for (int k = 0; k < 2; k++) wo->members.items[k].value = next;
-    w->kind_case = 5;
-    w->kind.object = wo;
-    next = w;
-  }
   docstore_Value_free(h, next);
   // A pointer to memory outside the heap is left alone.
   static docstore_Object outside;
