@@ -591,9 +591,19 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
      * (It counts the deadline from the call's arrival, so it would run it.) */
     uint64_t id = cxr__future_call_id(f); /* (f is still this thread's alone) */
     expire(f, err, NULL);
-    if (err == CXR_ETIMEDOUT) tell_server(c, id);
     int d = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
-    cxr_future_free(f);
+    if (err == CXR_ETIMEDOUT) {
+      tell_server(c, id);
+      cxr_future_free(f); /* its late reply, if the call arrives after all, gives it back */
+    } else {
+      /* Refused or failed outright (the receiver's message or queue bound: CXR_EFULL, a
+       * dead endpoint): no reply will ever come to give the entry back, so it goes back
+       * now. Until 2026-11-28 it waited for one, and 256 refused calls left a live
+       * connection answering every call with CXR_EFULL (a review). A thread that failed
+       * the call meanwhile (fail_all) is waited out of its BUSY step first. */
+      while (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_BUSY) cxr__cpu_relax();
+      entry_release(f);
+    }
     CXR__ADD(&c->slot->cli.errors, 1);
     return d ? d : err;
   }

@@ -341,6 +341,21 @@ TEST_F(NetnsRemote, ASlowHandlerHoldsUpNeitherOtherCallsNorConnects) {
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, CallsTheServerRefusesGiveTheirEntriesBack) {
+  // A call whose message the server's engine refuses (over its CXRPC_RDMA_MSG_MAX, 1 MiB
+  // here) ends with CXR_EFULL. Its entry waited for a reply that never comes: after 256 such
+  // calls every call on the live connection failed with CXR_EFULL (a review, 2026-11-28).
+  cxrt::Proc s, a;
+  std::vector<std::string> e = env(0);
+  e.push_back("CXRPC_RDMA_MSG_MAX=1M");
+  ASSERT_TRUE(s.start({kPeer, "server", "kv", listen()}, e, net.ns[0]) && s.line(15000) == "READY");
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  EXPECT_EQ(ask(a, "refused 300 2", 120000), "ok 300");
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST_F(NetnsRemote, ACallWhoseDeadlinePassesInTheQueueDoesNotRun) {
   // Both workers sleep 1 s; a call with a 200 ms deadline waits behind them. Its deadline
   // counts from its arrival, so no worker runs it later (it used to count from when a

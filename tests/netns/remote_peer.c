@@ -541,6 +541,28 @@ static int client(const char *t) {
       }
       if (rc) printf("err %d\n", rc);
       else printf("ok\n");
+    } else if (sscanf(line, "refused %ld %ld", &a, &b) == 2 && a > 0 && b > 0 && b <= 16) {
+      /* a calls whose argument ships a b MiB block, more than the server takes (its
+       * CXRPC_RDMA_MSG_MAX): each should end CXR_EFULL; then a no-op call. */
+      size_t len = (size_t)b << 20;
+      int64_t *blk = cxr_heap_alloc(cxr_conn_heap(conn), len);
+      long refused = 0;
+      int rc = blk ? 0 : CXR_ENOMEM;
+      if (blk) {
+        memset(blk, 0, len);
+        cxr_range rg = {blk, len};
+        cxr_call_opts o;
+        cxr_call_opts_init(&o);
+        o.deadline_ns = 5000000000;
+        o.arg_len = sizeof *blk;
+        o.ranges = &rg;
+        o.nranges = 1;
+        for (long i = 0; i < a; i++) refused += cxr_conn_call(conn, M_SPIN, blk, NULL, &o) == CXR_EFULL;
+        cxr_heap_free(cxr_conn_heap(conn), blk);
+        rc = cxr_conn_call(conn, M_NOOP, NULL, NULL, NULL);
+      }
+      if (rc) printf("err %d %ld\n", rc, refused);
+      else printf("ok %ld\n", refused);
     } else if (strncmp(line, "spincounts", 10) == 0) {
       int64_t k[2];
       int rc = spin_counts_now(k);
