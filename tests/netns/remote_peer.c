@@ -557,7 +557,8 @@ static int client(const char *t) {
         o.arg_len = sizeof *blk;
         o.ranges = &rg;
         o.nranges = 1;
-        for (long i = 0; i < a; i++) refused += cxr_conn_call(conn, M_SPIN, blk, NULL, &o) == CXR_EFULL;
+        for (long i = 0; i < a; i++)
+          refused += cxr_conn_call(conn, M_SPIN, blk, NULL, &o) == CXR_EFULL;
         cxr_heap_free(cxr_conn_heap(conn), blk);
         rc = cxr_conn_call(conn, M_NOOP, NULL, NULL, NULL);
       }
