@@ -63,8 +63,17 @@ typedef struct rsconn {
 typedef struct rjob {
   struct rjob *next;
   cxr_rdma_msg *m;
+  size_t bytes;     /* what it holds, counted in the listener's qbytes */
   int64_t arrived;  /* cxr_now_ns() when the progress thread received it */
 } rjob;
+
+/* Bounds on the calls waiting for a worker: the engine stops counting a message once it is
+ * handed over, so a client that floods calls (to a bogus connection too) and then stops
+ * reading its replies (each worker's reply then waits its send deadline) grew this queue
+ * until the server ran out of memory (a review, 2026-11-28). Calls past them are answered
+ * CXR_EFULL at once. */
+#define QUEUE_CALLS_MAX 65536
+#define QUEUE_BYTES_MAX ((size_t)1 << 30)
 
 struct cxr__rlisten {
   cxr_channel *ch;
@@ -80,6 +89,8 @@ struct cxr__rlisten {
   pthread_mutex_t qlock;
   pthread_cond_t qcond;
   rjob *qhead, *qtail;
+  unsigned qcalls;  /* waiting calls, and their bytes (QUEUE_CALLS_MAX, QUEUE_BYTES_MAX) */
+  size_t qbytes;
   bool qstop;
   pthread_t *workers;
   unsigned nworkers;
@@ -491,6 +502,8 @@ static void *worker_main(void *arg) {
     rjob *j = l->qhead;
     l->qhead = j->next;
     if (l->qhead == NULL) l->qtail = NULL;
+    l->qcalls--;
+    l->qbytes -= j->bytes;
     pthread_mutex_unlock(&l->qlock);
     handle_call(l, j->m, j->arrived);
     cxr_rdma_msg_free(j->m);
@@ -506,24 +519,30 @@ static void on_call(cxr_rdma_msg *m, void *user) {
   struct cxr__rlisten *l = user;
   int64_t arrived = cxr_now_ns();
   if (l->nworkers == 0) return handle_call(l, m, arrived);
+  size_t hl, dl;
+  const r_call *hp = cxr_rdma_msg_hdr(m, &hl);
+  cxr_rdma_msg_data(m, &dl);
   rjob *j = malloc(sizeof *j);
   pthread_mutex_lock(&l->qlock);
-  bool take = j != NULL && !l->qstop;
-  if (take) {
+  int refuse = j == NULL ? CXR_ENOMEM : l->qstop ? CXR_ECLOSED : 0;
+  if (!refuse && (l->qcalls >= QUEUE_CALLS_MAX || dl > QUEUE_BYTES_MAX - l->qbytes))
+    refuse = CXR_EFULL;
+  if (!refuse) {
     cxr_rdma_msg_keep(m);
     j->m = m;
+    j->bytes = dl;
     j->arrived = arrived;
     j->next = NULL;
     if (l->qtail) l->qtail->next = j; else l->qhead = j;
     l->qtail = j;
+    l->qcalls++;
+    l->qbytes += dl;
     pthread_cond_signal(&l->qcond);
   }
   pthread_mutex_unlock(&l->qlock);
-  if (!take) {
+  if (refuse) {
     free(j);
-    size_t hl;
-    const r_call *hp = cxr_rdma_msg_hdr(m, &hl);
-    if (hl == sizeof *hp) reply_call(NULL, m, hp, 0, j ? CXR_ECLOSED : CXR_ENOMEM, NULL, NULL, 0);
+    if (hl == sizeof *hp) reply_call(NULL, m, hp, 0, refuse, NULL, NULL, 0);
   }
 }
 
@@ -673,6 +692,8 @@ void cxr__remote_stop(cxr_channel *ch) {
     free(j);
   }
   l->qtail = NULL;
+  l->qcalls = 0;
+  l->qbytes = 0;
   pthread_mutex_unlock(&l->qlock);
   if (l->r) cxr_rdma_close(l->r);
   while (l->conns) {
