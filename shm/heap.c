@@ -88,6 +88,18 @@ int cxr__check_header(int fd, const cxr__reg_entry *e, cxr__hdr *out) {
   return 0;
 }
 
+/* Whether the file the entry names is that entry's heap (a regular file whose header
+ * matches it). Opened without blocking: the path may name a FIFO. */
+static bool entry_file_is_heap(const cxr__reg_entry *e) {
+  int fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st;
+  cxr__hdr hdr;
+  bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && cxr__check_header(fd, e, &hdr) == 0;
+  close(fd);
+  return ok;
+}
+
 /* ---------------- mappings and handles ---------------- */
 
 cxr__map *cxr__map_find(const char *name, uint64_t generation) {
@@ -448,8 +460,9 @@ int cxr_heap_unlink(const char *name) {
     if (e == NULL) {
       rc = CXR_ENOENT;
     } else {
-      /* Move the file aside so the name can be used again at once. */
-      if (!cxr__is_device(e->path)) {
+      /* Move the file aside so the name can be used again at once: only this entry's heap
+       * file (another process may have written any path into the registry). */
+      if (!cxr__is_device(e->path) && entry_file_is_heap(e)) {
         char hidden[PATH_MAX];
         snprintf(hidden, sizeof hidden, "%s/.%s.%lu.unlinked", cxr_root(), name,
                  (unsigned long)e->generation);

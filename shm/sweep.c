@@ -32,10 +32,15 @@ typedef struct peek {
 /* Reads a heap file's holders and usage without joining it (mapped anywhere, read-only). */
 static void peek_heap(const cxr__reg_entry *e, peek *pk) {
   memset(pk, 0, sizeof *pk);
-  int fd = open(e->path, O_RDONLY | O_CLOEXEC);
+  /* Any process of the pod can write the registry, path included: a FIFO named there
+   * blocked this open (no O_NONBLOCK) for good, with the registry lock held (a review,
+   * 2026-11-28). Only a regular file or a device is looked at. */
+  int fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return;
+  struct stat st;
   cxr__hdr hdr;
-  if (cxr__check_header(fd, e, &hdr) == 0) {
+  if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) &&
+      cxr__check_header(fd, e, &hdr) == 0) {
     void *p = mmap(NULL, hdr.size, PROT_READ, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED) {
       const cxr__hdr *h = p;
@@ -103,7 +108,10 @@ void cxr__sweep(cxr__reg *r, cxr__reg_entry *only) {
     if (pk.ok && pk.live > 0) continue;
     if (!pk.ok && access(e->path, F_OK) == 0 && !(e->flags & CXR_REG_UNLINKED)) continue;
     CXR_INFO("removing heap %s (%s): no live holder", e->name, e->path);
-    if (!cxr__is_device(e->path)) unlink(e->path);
+    /* The file goes only when it is this entry's heap (its header says so): a path written
+     * into the registry by another process named any file the sweeper may remove (a
+     * review, 2026-11-28). A heap whose header was damaged leaves its file behind. */
+    if (pk.ok && !cxr__is_device(e->path)) unlink(e->path);
     cxr__reg_remove(r, e);
   }
 }

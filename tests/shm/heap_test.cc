@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -431,6 +432,71 @@ TEST(Heap, ACloseThatCannotTakeTheLockStillLetsTheHeapGo) {
   cxr_heap_free(h2, p);
   cxr_heap_close(h2);
   EXPECT_EQ(cxr_heap_unlink(kept.c_str()), 0);
+}
+
+// Rewrites, as any process of the pod can (the registry file is open to all of them), the
+// registry entry of heap `name`: its path and, when unlinked, the flag saying the file goes
+// with its last holder (shm/registry.h: used, flags, name, path). False if not found.
+bool forge_registry_entry(const std::string &name, const std::string &path, bool unlinked) {
+  std::string reg = g_root + "/registry";
+  int fd = open(reg.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  void *p = fstat(fd, &st) == 0 ? mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                                       fd, 0)
+                                : MAP_FAILED;
+  close(fd);
+  if (p == MAP_FAILED) return false;
+  char *base = static_cast<char *>(p);
+  char key[CXR_NAME_MAX + 1] = {};
+  memcpy(key, name.c_str(), name.size());
+  bool found = false;
+  for (size_t off = 8; !found && off + sizeof key + 256 <= (size_t)st.st_size; off += 4) {
+    if (memcmp(base + off, key, sizeof key) != 0) continue;
+    uint32_t *flags = reinterpret_cast<uint32_t *>(base + off - 4);
+    if (unlinked) *flags |= 0x100u;  // CXR_REG_UNLINKED
+    char *path_field = base + off + sizeof key;
+    memset(path_field, 0, 256);
+    memcpy(path_field, path.c_str(), path.size());
+    found = true;
+  }
+  munmap(p, st.st_size);
+  return found;
+}
+
+TEST(Heap, ARegistryEntryNamingAFifoOrAnotherFileNeitherHangsNorRemovesIt) {
+  // Any process of the pod can write the registry. An entry whose path named a FIFO hung the
+  // next sweep in its open (and the registry's lock with it: every create, open and connect
+  // of the pod waited); one naming another file, flagged unlinked, had the sweeper delete
+  // it (a review, 2026-11-28). Now a sweep looks only at regular files and devices, and
+  // removes a file only when its header says it is that entry's heap.
+  std::string a = uniq("forged"), b = uniq("forged");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, a.c_str(), 2 << 20, nullptr), 0);
+  cxr_heap_close(h);
+  ASSERT_EQ(cxr_heap_create(&h, b.c_str(), 2 << 20, nullptr), 0);
+  cxr_heap_close(h);
+  std::string fifo = g_root + "/" + uniq("fifo"), victim = g_root + "/" + uniq("victim");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  int fd = open(victim.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  auto sweep = [] {  // in a child, which a hang cannot take down with us
+    pid_t child = spawn([] {
+      size_t n = 0;
+      return cxr_registry_list(nullptr, 0, &n) == 0 ? 0 : 1;  // (it sweeps first)
+    });
+    return wait_child(child, 5000);
+  };
+  ASSERT_TRUE(forge_registry_entry(b, victim, true));
+  EXPECT_EQ(sweep(), 0);
+  EXPECT_EQ(access(victim.c_str(), F_OK), 0) << "the sweep deleted a file the entry named";
+  ASSERT_TRUE(forge_registry_entry(a, fifo, true));
+  EXPECT_EQ(sweep(), 0) << "the sweep hung on the FIFO";
+  unlink(fifo.c_str());
+  unlink(victim.c_str());
+  unlink((g_root + "/" + a + ".heap").c_str());
+  unlink((g_root + "/" + b + ".heap").c_str());
 }
 
 extern "C" int64_t cxr__reg_wait_ns;  // shm/registry.h: how long the registry's flock is awaited
