@@ -703,16 +703,33 @@ void cxr__remote_future_free(cxr_future *f) {
   }
 }
 
+/* Whether the progress thread is done with c's futures: no answer being delivered (BUSY)
+ * and no callback handed over and not yet returned. */
+static bool quiet(cxr_conn *c) {
+  if (__atomic_load_n(&c->remote->cb_queued, __ATOMIC_SEQ_CST) > 0) return false;
+  for (uint32_t i = 0; i < c->ntab; i++)
+    if (__atomic_load_n(&c->tab[i].state, __ATOMIC_SEQ_CST) == CXR__F_BUSY) return false;
+  return __atomic_load_n(&c->remote->cb_queued, __ATOMIC_SEQ_CST) == 0;
+}
+
+/* Waits up to 1 s for quiet(c). */
+static bool wait_quiet(cxr_conn *c) {
+  for (int i = 0; i < 2000 && !quiet(c); i++) usleep(500);
+  return quiet(c);
+}
+
 void cxr__remote_close(cxr_conn *c) {
   struct cxr__rconn *rc = c->remote;
   fail_all(c, CXR_ECLOSED);
   /* Callbacks handed to the progress thread must have returned before the table goes (they
    * read their future, and may free it). Until 2026-11-23 this waited for their futures to
    * be FREE, which a callback that frees its own future never makes them (ABANDONED): every
-   * such close took the whole second, then freed the table anyway. */
-  for (int i = 0; i < 2000 && __atomic_load_n(&rc->cb_queued, __ATOMIC_SEQ_CST) > 0; i++)
-    usleep(500);
-  bool stuck = __atomic_load_n(&rc->cb_queued, __ATOMIC_SEQ_CST) > 0;
+   * such close took the whole second, then freed the table anyway. An answer being
+   * delivered meanwhile (BUSY: fail_all passed it by) fires its callback after that pass, so
+   * the wait covers deliveries too, and is made again after the CLOSE round trip, by which
+   * the progress thread has taken in every answer sent before it (until 2026-11-28 such a
+   * callback ran on the freed table: a review). */
+  bool stuck = !wait_quiet(c);
   if (rc->ep && cxr_rdma_ep_status(rc->ep) == 0) {
     r_close cl = {.magic = R_MAGIC, .conn_id = rc->conn_id, .token = rc->token};
     int64_t end = cxr_now_ns() + 200000000;
@@ -725,6 +742,7 @@ void cxr__remote_close(cxr_conn *c) {
       cxr__rdma_waiter(r, -1);
     }
   }
+  if (!stuck) stuck = !wait_quiet(c);
   if (stuck) {
     /* Still queued after 1 s: behind a callback that runs long, or that closes us from
      * the progress thread they wait on. Their memory stays (a leak, not a use after free). */
