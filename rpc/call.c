@@ -443,8 +443,9 @@ int cxr_conn_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_futu
    * short ones from the precise one. */
   int64_t rel = o->deadline_ns ? o->deadline_ns : c->default_deadline;
   int64_t now = rel >= 100000000 ? cxr__coarse_ns() : cxr_now_ns();
-  f->deadline = cxr__after(now, rel);
-  d.deadline = f->deadline;
+  d.deadline = cxr__after(now, rel);
+  /* (atomically: the completion thread reads armed entries' deadlines, expire_armed) */
+  __atomic_store_n(&f->deadline, d.deadline, __ATOMIC_RELAXED);
   d.call_id = cxr__future_call_id(f);
   if (o->flags & CXR_CALL_SEAL) {
     int rc = cxr__call_seal(c, args, d.len, &d.seal);
@@ -615,10 +616,11 @@ static void expire_armed(cxr_conn *c, int64_t now, int64_t *next) {
     cxr_future *f = &c->tab[i];
     if (cxr__cb_state(f) != CXR__CB_ARMED) continue;
     if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) != CXR__F_PENDING) continue;
-    if (now >= f->deadline) {
+    int64_t deadline = __atomic_load_n(&f->deadline, __ATOMIC_RELAXED);
+    if (now >= deadline) {
       if (expire(f, CXR_ETIMEDOUT)) CXR__ADD(&c->slot->cli.timeouts, 1);
-    } else if (f->deadline < *next) {
-      *next = f->deadline;
+    } else if (deadline < *next) {
+      *next = deadline;
     }
   }
 }

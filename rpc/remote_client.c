@@ -260,7 +260,9 @@ static void sweep(void *user) {
     cxr_conn *c = rc->c;
     for (uint32_t i = 0; i < c->ntab; i++) {
       cxr_future *f = &c->tab[i];
-      if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_PENDING && now >= f->deadline)
+      /* (the deadline atomically: the entry's owner may be writing the next call's) */
+      if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_PENDING &&
+          now >= __atomic_load_n(&f->deadline, __ATOMIC_RELAXED))
         expire(f, CXR_ETIMEDOUT, NULL);
     }
   }
@@ -566,7 +568,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
 
   cxr__future_reset(f);
   int64_t now = cxr_now_ns(), rel = o->deadline_ns ? o->deadline_ns : c->default_deadline;
-  f->deadline = cxr__after(now, rel);
+  __atomic_store_n(&f->deadline, cxr__after(now, rel), __ATOMIC_RELAXED); /* (see sweep) */
   __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
 
   r_range *tab = (r_range *)own;
