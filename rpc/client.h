@@ -98,6 +98,9 @@ struct cxr_conn {
   struct cxr__seal_cli *seal; /* sealed calls (rpc/seal_glue.c), or NULL */
 };
 
+/* The callback state word of the call of generation gen in state st (CXR__CB_*). */
+static inline uint64_t cxr__cb_word(uint64_t gen, unsigned st) { return gen << 32 | st; }
+
 /* Readies a free table entry for a new call: the next generation (never 0: a call id with
  * generation 0 is malformed), no outcome, no callback. The caller then sets the deadline and
  * publishes CXR__F_PENDING. */
@@ -112,7 +115,7 @@ static inline void cxr__future_reset(struct cxr_future *f) {
   f->cb = NULL;
   f->cb_user = NULL;
   f->qnext = NULL;
-  __atomic_store_n(&f->cb_state, (uint64_t)gen << 32 | CXR__CB_NONE, __ATOMIC_RELAXED);
+  __atomic_store_n(&f->cb_state, cxr__cb_word(gen, CXR__CB_NONE), __ATOMIC_RELAXED);
 }
 
 /* The callback state of f's current call. */
@@ -123,16 +126,16 @@ static inline unsigned cxr__cb_state(const struct cxr_future *f) {
 /* Sets the callback state of f's current call (by the future's user). */
 static inline void cxr__cb_set(struct cxr_future *f, unsigned st) {
   uint64_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED);
-  __atomic_store_n(&f->cb_state, gen << 32 | st, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&f->cb_state, cxr__cb_word(gen, st), __ATOMIC_SEQ_CST);
 }
 
 /* Takes back f's armed callback (a future freed before its callback ran: cxr_future_then(3)
  * says that may drop it): true if this did, not a fire racing with it. */
 static inline bool cxr__cb_disarm(struct cxr_future *f) {
   uint64_t gen = __atomic_load_n(&f->gen, __ATOMIC_RELAXED);
-  uint64_t armed = gen << 32 | CXR__CB_ARMED;
-  return __atomic_compare_exchange_n(&f->cb_state, &armed, gen << 32 | CXR__CB_NONE, false,
-                                     __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  uint64_t armed = cxr__cb_word(gen, CXR__CB_ARMED);
+  return __atomic_compare_exchange_n(&f->cb_state, &armed, cxr__cb_word(gen, CXR__CB_NONE),
+                                     false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
 /* Moves an armed callback of the call of generation gen to FIRED: true for the one thread
@@ -142,10 +145,10 @@ static inline bool cxr__cb_disarm(struct cxr_future *f) {
  * which a check of the state alone would then run before its call has an outcome (found by
  * a review, 2026-11-28). */
 static inline bool cxr__cb_fire(struct cxr_future *f, uint32_t gen) {
-  uint64_t armed = (uint64_t)gen << 32 | CXR__CB_ARMED;
+  uint64_t armed = cxr__cb_word(gen, CXR__CB_ARMED);
   /* A plain (seq_cst) load first: no locked instruction when no callback is armed. */
   if (__atomic_load_n(&f->cb_state, __ATOMIC_SEQ_CST) != armed) return false;
-  return __atomic_compare_exchange_n(&f->cb_state, &armed, (uint64_t)gen << 32 | CXR__CB_FIRED,
+  return __atomic_compare_exchange_n(&f->cb_state, &armed, cxr__cb_word(gen, CXR__CB_FIRED),
                                      false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 

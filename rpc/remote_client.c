@@ -708,10 +708,9 @@ void cxr__remote_future_free(cxr_future *f) {
 /* Whether the progress thread is done with c's futures: no answer being delivered (BUSY)
  * and no callback handed over and not yet returned. */
 static bool quiet(cxr_conn *c) {
-  if (__atomic_load_n(&c->remote->cb_queued, __ATOMIC_SEQ_CST) > 0) return false;
   for (uint32_t i = 0; i < c->ntab; i++)
     if (__atomic_load_n(&c->tab[i].state, __ATOMIC_SEQ_CST) == CXR__F_BUSY) return false;
-  return __atomic_load_n(&c->remote->cb_queued, __ATOMIC_SEQ_CST) == 0;
+  return __atomic_load_n(&c->remote->cb_queued, __ATOMIC_SEQ_CST) == 0; /* (after the scan) */
 }
 
 /* Waits up to 1 s for quiet(c). */
