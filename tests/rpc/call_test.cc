@@ -28,8 +28,19 @@ using namespace rpctest;
 
 namespace {
 
-// A started channel serving the test methods, with max_conns slots of which pool are kept
-// ready, each connection heap heap_size bytes; nullptr (and a failure) if it cannot be.
+// A started channel serving the test methods with options o; nullptr (and a failure) if it
+// cannot be.
+cxr_channel *serving_with(const std::string &name, const cxr_channel_opts &o) {
+  cxr_channel *ch = nullptr;
+  EXPECT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
+  if (ch == nullptr) return nullptr;
+  EXPECT_EQ(register_methods(ch), 0);
+  EXPECT_EQ(cxr_channel_start(ch), 0);
+  return ch;
+}
+
+// The same with max_conns slots of which pool are kept ready, each connection heap
+// heap_size bytes.
 cxr_channel *serving(const std::string &name, size_t heap_size, unsigned max_conns,
                      unsigned pool) {
   cxr_channel_opts o;
@@ -37,12 +48,7 @@ cxr_channel *serving(const std::string &name, size_t heap_size, unsigned max_con
   o.conn_heap_size = heap_size;
   o.max_conns = max_conns;
   o.pool = pool;
-  cxr_channel *ch = nullptr;
-  EXPECT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
-  if (ch == nullptr) return nullptr;
-  EXPECT_EQ(register_methods(ch), 0);
-  EXPECT_EQ(cxr_channel_start(ch), 0);
-  return ch;
+  return serving_with(name, o);
 }
 
 // The control block of channel `name` as a client maps it (any client can write it all).
@@ -846,9 +852,7 @@ TEST_F(Call, AClientThatDrainsItsAnswersSlowlyDoesNotHoldAWorker) {
   co.conn_heap_size = 8u << 20;
   co.workers = 2;
   co.peer_timeout_ns = 1000000000;
-  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &co), 0);
-  ASSERT_EQ(register_methods(ch), 0);
-  ASSERT_EQ(cxr_channel_start(ch), 0);
+  ASSERT_NE(ch = serving_with(name, co), nullptr);
   ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
   cxr_conn *bad = nullptr;
   ASSERT_EQ(cxr_connect(&bad, name.c_str(), nullptr), 0);
@@ -890,10 +894,8 @@ TEST(CallLimits, AClientThatOverfillsItsAnswerRingDoesNotHoldTheWorker) {
   co.workers = 1;
   co.peer_timeout_ns = 5000000000;
   std::string name = uniq("overfill");
-  cxr_channel *ch = nullptr;
-  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &co), 0);
-  ASSERT_EQ(register_methods(ch), 0);
-  ASSERT_EQ(cxr_channel_start(ch), 0);
+  cxr_channel *ch = serving_with(name, co);
+  ASSERT_NE(ch, nullptr);
   cxr_conn *good = nullptr, *bad = nullptr;
   ASSERT_EQ(connect_patiently(&good, name), 0);
   ASSERT_EQ(connect_patiently(&bad, name), 0);
@@ -1565,10 +1567,8 @@ TEST(CallLimits, ALongHandlerDoesNotStopConnects) {
   co.max_conns = 8;
   co.pool = 2;
   co.workers = 2;
-  cxr_channel *ch = nullptr;
-  ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &co), 0);
-  ASSERT_EQ(register_methods(ch), 0);
-  ASSERT_EQ(cxr_channel_start(ch), 0);
+  cxr_channel *ch = serving_with(name, co);
+  ASSERT_NE(ch, nullptr);
   cxr_conn *a = nullptr;
   ASSERT_EQ(connect_patiently(&a, name), 0);
   sleep_args s = {4000};
