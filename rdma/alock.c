@@ -299,23 +299,35 @@ static bool state_cas(cxr_alock_ref *r, unsigned slot, uint64_t from, uint64_t t
 }
 
 /* Walks back from `pred`, the pod node ahead of ours (r->slot) in the queue, over nodes
- * whose owners died: a dead waiter's node is marked abandoned (whoever hands the lock over
- * passes over it); a dead head's node is claimed (one CAS to passed: one recoverer wins) and
- * ours becomes the head, which competes. Stops at a live owner's node (it will hand over) or
- * where the way back is not known. True when our node was granted. The links walked are
- * stable while we wait: a node ahead of us cannot be passed over, or re-enqueued, without
- * the lock reaching us first. */
+ * whose owners died and nodes whose live owners gave up waiting (abandoned): a dead waiter's
+ * node is marked abandoned (whoever hands the lock over passes over it); a dead head's node
+ * is claimed (one CAS to passed: one recoverer wins) and ours becomes the head, which
+ * competes. Stops at a live owner's node that waits or holds (it will hand over) or where
+ * the way back is not known. True when our node was granted. The links walked are stable
+ * while we wait: a node ahead of us cannot be passed over, or re-enqueued, without the lock
+ * reaching us first; an abandoned node's owner does not touch it until it is passed over,
+ * which is why its state is read again after its link (a review found a live waiter that
+ * had timed out, ahead of us, stopping every recovery of a dead holder ahead of it). */
 static bool recover(cxr_alock_ref *r, unsigned pred) {
   unsigned path[CXR_ALOCK_SLOTS], n = 0, cur = pred;
   uint64_t st = 0, p = 0;
   while (n < CXR_ALOCK_SLOTS && cur != r->slot) {
-    if (!owner_dead(&r->local->lnodes[cur])) return false;
+    if (!owner_dead(&r->local->lnodes[cur])) {
+      node_get(r, cur, offsetof(cxr_alock_node, locked), &st);
+      if (st != W_ABANDONED) return false;
+      node_get(r, cur, offsetof(cxr_alock_node, prev), &p);
+      node_get(r, cur, offsetof(cxr_alock_node, locked), &st);
+      if (st != W_ABANDONED || p == 0 || p > CXR_ALOCK_SLOTS) return false;
+      path[n++] = cur; /* passed below if a dead head is found: its owner waits for that */
+      cur = (unsigned)p - 1;
+      continue;
+    }
     path[n++] = cur;
     node_get(r, cur, offsetof(cxr_alock_node, locked), &st);
     if (is_granted(st)) {
       if (!state_cas(r, cur, st, W_PASSED)) return false;
       state_cas(r, r->slot, W_WAIT, W_COMPETE); /* (a grant that came meanwhile stays) */
-      for (unsigned k = 0; k + 1 < n; k++) /* the dead waiters between: out of the queue */
+      for (unsigned k = 0; k + 1 < n; k++) /* the waiters between (dead or gone): out */
         node_put(r, path[k], offsetof(cxr_alock_node, locked), W_PASSED);
       return true;
     }
@@ -327,15 +339,49 @@ static bool recover(cxr_alock_ref *r, unsigned pred) {
   return false;
 }
 
-/* Our slot's node was last used by a process that died: release the head position it held,
- * or mark its wait abandoned (the loop in cxr_alock_lock then waits until it is passed over),
- * before the node is used again. */
+/* How long a slot's new owner waits for a successor that swapped the tail behind the dead
+ * instance's node to link itself (it writes its prev word right after the swap). */
+#define LINK_WAIT_NS 10000000
+
+/* Whether the dead instance's granted node `slot` still heads the queue, so that its
+ * hand-over is still due. A process killed inside release_from, after hand_over granted the
+ * successor but before its own node went back to passed, leaves it granted with a stale
+ * next word; handing over from that again granted a waiter that had since queued behind
+ * the real holder: two holders (found by a review). Due only if the successor still waits
+ * for this node (its prev names it; it waits or gave up), or no successor is linked and the
+ * tail still names this node or, within LINK_WAIT_NS, a node whose prev comes to name it. */
+static bool hand_over_due(cxr_alock_ref *r, unsigned slot) {
+  cxr_alock *l = r->local;
+  uint64_t nx = LD(&l->lnodes[slot].next), me = slot + 1;
+  if (nx > CXR_ALOCK_SLOTS) return false;
+  if (nx != 0) {
+    uint64_t st = LD(&l->lnodes[nx - 1].locked);
+    return LD(&l->lnodes[nx - 1].prev) == me && (st == W_WAIT || st == W_ABANDONED);
+  }
+  int64_t end = cxr_now_ns() + LINK_WAIT_NS;
+  for (unsigned i = 0;; i++) {
+    uint64_t t = LD(&l->ltail);
+    if (t == me) return true;
+    if (t == 0 || t > CXR_ALOCK_SLOTS) return false;
+    if (LD(&l->lnodes[slot].next) != 0 || LD(&l->lnodes[t - 1].prev) == me) return true;
+    if (cxr_now_ns() > end) return false;
+    backoff(r, i);
+  }
+}
+
+/* Our slot's node was last used by a process that died: release the head position it held
+ * (if still due), or mark its wait abandoned (the loop in cxr_alock_lock then waits until
+ * it is passed over), before the node is used again. */
 static int recover_slot(cxr_alock_ref *r) {
   cxr_alock_node *x = &r->local->lnodes[r->slot];
   if (owned_here(x) || !owner_dead(x)) return 0;
   uint64_t st = 0;
   node_get(r, r->slot, offsetof(cxr_alock_node, locked), &st);
-  if (is_granted(st) && state_cas(r, r->slot, st, W_PASSED)) return hand_over(r, r->slot, 0);
+  if (is_granted(st)) {
+    bool due = hand_over_due(r, r->slot);
+    if (state_cas(r, r->slot, st, W_PASSED) && due) return hand_over(r, r->slot, 0);
+    return 0;
+  }
   if (st == W_WAIT) state_cas(r, r->slot, W_WAIT, W_ABANDONED);
   return 0;
 }

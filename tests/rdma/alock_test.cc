@@ -225,6 +225,75 @@ TEST(Alock, AProcessReusingADeadOnesSlotReleasesWhatItHeld) {
   munmap(l, sizeof *l);
 }
 
+TEST(Alock, AWaiterThatGaveUpDoesNotStopTheRecoveryOfADeadHolderAheadOfIt) {
+  // b (alive, this process) tries the lock with a short deadline behind a holder that then
+  // dies: b's node stays abandoned in the queue. Recovery used to stop at b's live owner,
+  // so every later waiter and b itself timed out for good (a review found it).
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  pid_t h = child_locking(l, 0, true);
+  ASSERT_GT(h, 0);
+  cxr_alock_ref b = {};
+  b.local = l;
+  b.slot = 1;
+  ASSERT_EQ(cxr_alock_lock(&b, cxr_now_ns() + 2 * kMs), CXR_ETIMEDOUT);
+  kill_child(h);
+  EXPECT_EQ(lock_unlock(l, 2), 0);
+  EXPECT_EQ(lock_unlock(l, 1), 0);  // b's slot too
+  EXPECT_EQ(l->ltail, 0u);
+  munmap(l, sizeof *l);
+}
+
+TEST(Alock, ReusingTheSlotOfAProcessKilledMidReleaseGrantsNoSecondHolder) {
+  // What a process killed inside its release leaves (after granting its successor, before
+  // its node went back to passed): its node granted, its next word naming a successor that
+  // has since held the lock and queued again behind the current holder. The slot's next
+  // owner handed over from that stale word, so the successor entered beside the holder.
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  cxr_alock_ref a = {}, b = {}, c = {};
+  a.local = b.local = c.local = l;
+  a.slot = 0, b.slot = 1, c.slot = 2;
+  ASSERT_EQ(cxr_alock_lock(&a, 0), 0);
+  std::atomic<int> brc{1};
+  std::thread tb([&] { brc = cxr_alock_lock(&b, cxr_now_ns() + 5000 * kMs); });
+  ASSERT_TRUE(tail_becomes(l, 2));
+  ASSERT_EQ(cxr_alock_unlock(&a), 0);
+  tb.join();
+  ASSERT_EQ(brc.load(), 0);
+  ASSERT_EQ(l->lnodes[0].next, 2u);  // a's next still names b
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  l->lnodes[0].locked = 2;  // granted, must compete
+  l->lnodes[0].owner_pid = (uint64_t)dead;
+  ASSERT_EQ(cxr_alock_unlock(&b), 0);
+  ASSERT_EQ(cxr_alock_lock(&c, 0), 0);
+  brc = 1;
+  std::thread tb2([&] { brc = cxr_alock_lock(&b, cxr_now_ns() + 5000 * kMs); });
+  ASSERT_TRUE(tail_becomes(l, 2));  // b waits behind c
+  cxr_alock_ref a2 = {};  // the slot's next owner (the node's owner is dead)
+  a2.local = l;
+  a2.slot = 0;
+  std::atomic<int> arc{1};
+  std::thread ta([&] { arc = cxr_alock_lock(&a2, cxr_now_ns() + 5000 * kMs); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(brc.load(), 1) << "b took the lock while c holds it";
+  ASSERT_EQ(cxr_alock_unlock(&c), 0);
+  tb2.join();
+  EXPECT_EQ(brc.load(), 0);
+  if (brc.load() == 0) {
+    EXPECT_EQ(cxr_alock_unlock(&b), 0);
+  }
+  ta.join();
+  EXPECT_EQ(arc.load(), 0);
+  if (arc.load() == 0) {
+    EXPECT_EQ(cxr_alock_unlock(&a2), 0);
+  }
+  EXPECT_EQ(l->ltail, 0u);
+  munmap(l, sizeof *l);
+}
+
 TEST(Alock, BadArguments) {
   cxr_alock_ref r = {};
   EXPECT_EQ(cxr_alock_lock(nullptr, 0), CXR_EINVAL);
