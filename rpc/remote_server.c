@@ -83,6 +83,7 @@ struct cxr__rlisten {
   rsconn *conns;
   uint64_t next_id;
   unsigned nconns;
+  size_t replica_bytes; /* the replicas' address space, all connections (replica_budget) */
   /* Handlers run on the progress thread when the channel has one worker (the lowest
    * latency); with more, on that many threads of their own, so a slow handler holds up
    * neither other calls nor new connections. */
@@ -120,6 +121,13 @@ static void rs_put(struct cxr__rlisten *l, rsconn *c) {
   bool destroy = --c->users == 0 && c->dead;
   pthread_mutex_unlock(&l->lock);
   if (destroy) sconn_destroy(l, c);
+}
+
+/* Gives back replica address space reserved in on_open. */
+static void unreserve(struct cxr__rlisten *l, size_t bytes) {
+  pthread_mutex_lock(&l->lock);
+  l->replica_bytes -= bytes;
+  pthread_mutex_unlock(&l->lock);
 }
 
 /* c is already out of the list: destroy it now, or when its last call ends. close_msg,
@@ -170,6 +178,7 @@ static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
   rheap_put(c->held);
   /* Replies ship copies of what they send from the replica (reply_call): it can go now. */
   cxr__rem_replica_unmap(c->hc_addr, c->hc_size);
+  if (l) unreserve(l, c->hc_size);
   cxr_rdma_msg *m = c->close_msg;
   bool kept = c->dead; /* kept by retire() while calls ran: ours to free */
   free(c);
@@ -223,6 +232,18 @@ static void reply_open(cxr_rdma_msg *m, int st, uint64_t token, uint64_t id, cxr
   cxr_rdma_reply(m, R_OPEN_REP, &rep, sizeof rep, NULL, 0, 0);
 }
 
+/* The most address space the replicas of one channel's remote clients take together
+ * (CXRPC_REMOTE_REPLICA_MB, default 64 GiB: the largest heap a client makes). A client
+ * names its heap's range in its OPEN; without a bound one could name terabytes, and land
+ * data at ever new offsets of that private memory (a review, 2026-11-28). */
+static size_t replica_budget(void) {
+  const char *s = getenv("CXRPC_REMOTE_REPLICA_MB");
+  char *end = NULL;
+  unsigned long long mb = s && *s ? strtoull(s, &end, 10) : 0;
+  if (mb == 0 || *end != '\0' || mb > (1ull << 24)) mb = 65536; /* at most 16 TiB */
+  return (size_t)mb << 20;
+}
+
 static void on_open(cxr_rdma_msg *m, void *user) {
   struct cxr__rlisten *l = user;
   cxr_channel *ch = l->ch;
@@ -238,8 +259,20 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   uint64_t id = ++l->next_id;
   pthread_mutex_unlock(&l->lock);
   if (full) return reply_open(m, CXR_EFULL, op.token, 0, NULL);
-  int rc = cxr__rem_replica_map(op.heap_addr, op.heap_size);
+  int rc = cxr__rem_replica_map(op.heap_addr, op.heap_size); /* (checks the range) */
   if (rc) return reply_open(m, rc, op.token, 0, NULL);
+  size_t budget = replica_budget();
+  pthread_mutex_lock(&l->lock);
+  bool over = l->replica_bytes > budget || op.heap_size > budget - l->replica_bytes;
+  if (!over) l->replica_bytes += op.heap_size; /* held from here: unreserve() */
+  pthread_mutex_unlock(&l->lock);
+  if (over) {
+    CXR_WARN("remote %s: a client's heap of %llu MiB would take the replicas past "
+             "CXRPC_REMOTE_REPLICA_MB (%zu MiB): connection refused", ch->name,
+             (unsigned long long)(op.heap_size >> 20), budget >> 20);
+    cxr__rem_replica_unmap(op.heap_addr, op.heap_size);
+    return reply_open(m, CXR_EFULL, op.token, 0, NULL);
+  }
   rsconn *c = calloc(1, sizeof *c);
   rheap *held = calloc(1, sizeof *held);
   rc = c && held ? 0 : CXR_ENOMEM;
@@ -249,6 +282,7 @@ static void on_open(cxr_rdma_msg *m, void *user) {
     free(held);
     free(c);
     cxr__rem_replica_unmap(op.heap_addr, op.heap_size);
+    unreserve(l, op.heap_size);
     return reply_open(m, rc, op.token, 0, NULL);
   }
   *held = (rheap){.refs = 1, .hs = c->hs};

@@ -139,6 +139,16 @@ TEST_F(Hostile, BadOpensAreRefused) {
   EXPECT_EQ(open("kv", pod5_slice(), 1 << 20), CXR_EADDRINUSE);
 }
 
+TEST_F(Hostile, ReplicasPastTheChannelsBudgetAreRefused) {
+  // A client names its heap's range; the server makes a replica of that size. Without a
+  // bound a client could name terabytes (it was accepted, inside the window and free).
+  // The budget (CXRPC_REMOTE_REPLICA_MB, default 64 GiB) covers all connections together.
+  const uint64_t kGiB = 1ull << 30;
+  EXPECT_EQ(open("kv", pod5_slice(), 4096 * kGiB), CXR_EFULL);
+  EXPECT_EQ(open("kv", slice_of(6), 64 * kGiB), 0);
+  EXPECT_EQ(open("kv", pod5_slice(), 1 << 20), CXR_EFULL);  // the budget is spent
+}
+
 TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
   uint64_t base = pod5_slice();
   ASSERT_EQ(open("kv", base, 1 << 20), 0);
