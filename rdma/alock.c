@@ -239,6 +239,10 @@ int cxr_alock_unlock(cxr_alock_ref *r) {
    * owner lives): any other state means this ref does not hold the lock, and handing over
    * from its stale next word would grant the lock to a waiter while another holds it. */
   if (!is_remote(r) && !is_granted(LD(&r->local->lnodes[r->slot].locked))) return CXR_EINVAL;
+  /* A remote node's state cannot be read without a round trip, so the ref remembers: a
+   * second unlock would hand over from the stale next word too (a review). */
+  if (is_remote(r) && !r->held) return CXR_EINVAL;
+  r->held = false;
   return release_from(r, r->slot, r->budget_left);
 }
 
@@ -450,9 +454,10 @@ int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
       }
       backoff(r, i);
     }
-    if (st == W_KEEP) {
-      if ((rc = node_get(r, me, offsetof(cxr_alock_node, budget), &r->budget_left)) != 0) return rc;
-      return 0;  /* the cohort kept the lock: no need to compete */
+    if (st == W_KEEP) { /* the cohort kept the lock: no need to compete */
+      rc = node_get(r, me, offsetof(cxr_alock_node, budget), &r->budget_left);
+      r->held = rc == 0;
+      return rc;
     }
     if (st != W_COMPETE) return CXR_ECORRUPT;
   }
@@ -472,5 +477,7 @@ int cxr_alock_lock(cxr_alock_ref *r, int64_t deadline_ns) {
     }
     backoff(r, i);
   }
-  return budget_of(r, &r->budget_left);
+  rc = budget_of(r, &r->budget_left);
+  r->held = rc == 0;
+  return rc;
 }

@@ -234,6 +234,7 @@ typedef struct cxr_alock_ref {
   uint64_t addr;        /* remote: the lock's address in the pod */
   unsigned slot;
   uint64_t budget_left; /* private */
+  bool held;            /* private: a remote ref's lock returned 0 and no unlock since */
 } cxr_alock_ref;
 
 /* budget 0 = CXR_ALOCK_BUDGET. Only while nobody uses the lock. */

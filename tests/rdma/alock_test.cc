@@ -326,6 +326,41 @@ void remote_lock(cxrt::Peer &peer, cxr_rdma *r, cxr_alock_ref *far) {
   far->addr = addr;
 }
 
+// A remote ref unlocking twice handed over again from its node's stale next word: here to a
+// waiter that had held the lock since and queued again behind the current holder, which
+// then entered beside it (a review). The ref now knows it does not hold the lock.
+TEST(Alock, ARemoteRefUnlockingTwiceGrantsNoSecondHolder) {
+  cxr_rdma *r;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  cxrt::Peer peer;
+  cxr_alock_ref a = {};
+  ASSERT_NO_FATAL_FAILURE(remote_lock(peer, r, &a));
+  cxr_alock_ref b = a, c = a;
+  b.slot = 1;
+  c.slot = 2;
+  EXPECT_EQ(cxr_alock_unlock(&a), CXR_EINVAL);  // never locked
+  ASSERT_EQ(cxr_alock_lock(&a, cxr_now_ns() + 5000 * kMs), 0);
+  std::atomic<int> brc{1};
+  std::thread tb([&] { brc = cxr_alock_lock(&b, cxr_now_ns() + 10000 * kMs); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // b queues behind a
+  ASSERT_EQ(cxr_alock_unlock(&a), 0);
+  tb.join();
+  ASSERT_EQ(brc.load(), 0);
+  ASSERT_EQ(cxr_alock_unlock(&b), 0);
+  ASSERT_EQ(cxr_alock_lock(&c, cxr_now_ns() + 5000 * kMs), 0);
+  brc = 1;
+  std::thread tb2([&] { brc = cxr_alock_lock(&b, cxr_now_ns() + 10000 * kMs); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // b queues behind c
+  EXPECT_EQ(cxr_alock_unlock(&a), CXR_EINVAL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(brc.load(), 1) << "b took the lock while c holds it";
+  ASSERT_EQ(cxr_alock_unlock(&c), 0);
+  tb2.join();
+  EXPECT_EQ(brc.load(), 0);
+  EXPECT_EQ(cxr_alock_unlock(&b), 0);
+  cxr_rdma_close(r);
+}
+
 // A remote step that misses its own 2 s bound (here the first read of a lock wait, its peer
 // SIGSTOPped) spends the ref: later calls through it return CXR_ENOTCONN without touching
 // the lock, even on another endpoint to another lock, since a timed-out atomic step may
