@@ -11,8 +11,18 @@
 
 static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
-/* AUTO pins only where a device needs pinned memory: a verbs device without on-demand
- * paging. Over TCP and shared memory nothing needs pinning. */
+/* Whether UCX can carry traffic over the device: one of its ports is up. A device this
+ * process cannot open (no permission on its uverbs file) reports no ports. */
+static bool dev_usable(const cxr_rdma_dev_info *d) {
+  for (unsigned p = 0; p < d->nports && p < 4; p++)
+    if (strcmp(d->ports[p].state, "active") == 0) return true;
+  return false;
+}
+
+/* AUTO pins only where a device needs pinned memory: a usable verbs device without
+ * on-demand paging. Over TCP and shared memory nothing needs pinning. (Until 2026-11-28 a
+ * device that could not be opened, or had every port down, also switched pinning on, and
+ * exports past the pin budget then failed with CXR_EFULL; found by review.) */
 static int resolve_pin_mode(int mode) {
   if (mode != CXR_RDMA_PIN_AUTO) return mode;
   cxr_rdma_dev_info d[4];
@@ -20,7 +30,7 @@ static int resolve_pin_mode(int mode) {
   char why[64];
   if (cxr_rdma_devices(d, 4, &n, why, sizeof why) != 0 || n == 0) return CXR_RDMA_PIN_NEVER;
   for (size_t i = 0; i < n && i < 4; i++)
-    if (!d[i].odp) return CXR_RDMA_PIN_ALWAYS;
+    if (dev_usable(&d[i]) && !d[i].odp) return CXR_RDMA_PIN_ALWAYS;
   return CXR_RDMA_PIN_NEVER;
 }
 
