@@ -506,15 +506,6 @@ static bool build_services(build *b, gm_file *f) {
 
 static bool claim_all(gm_model *m, gm_file *f) {
   gen_arena *a = &m->arena;
-  /* Without a package a type keeps its bare name: it must not be a C keyword. */
-  for (size_t i = 0; i < f->nmsgs + f->nenums; i++) {
-    const char *cn = i < f->nmsgs ? f->msgs[i]->cname : f->enums[i - f->nmsgs]->cname;
-    if (gn_member(a, cn) != cn) {
-      gm_error(m, "%s: type '%s' would be the C keyword '%s'; give the file a package", f->name,
-               cn, cn);
-      return false;
-    }
-  }
   static const char *const msuf[] = {"", "_vec", "_new", "_validate", "_copy", "_free",
                                      "_release", "_equal", "_ranges", "_to_pb", "_from_pb", "_pb_free",
                                      "__vin", "__cin", "__fin", "__rin", "__tpb", "__fpb",
@@ -598,6 +589,13 @@ static bool build_file(build *b, gm_file *f, const FileDesc *fd) {
       *p = '_';
   f->guard = guard;
   f->package = fd->package ? fd->package : "";
+  if (!*f->package && !is_wkt_file(f->name)) {
+    /* Without one, a message's C name is its bare name, which protoc-c's struct also
+     * takes (struct Hello in both headers), and short names meet the generated locals. */
+    gm_error(m, "%s: cxrpc needs a package line (package foo;): without one the C names "
+             "clash with protoc-c's", f->name);
+    return false;
+  }
   if (*f->package) {
     /* dotted identifiers */
     char *pk = ga_strdup(&m->arena, f->package);

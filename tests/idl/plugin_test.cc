@@ -126,10 +126,21 @@ TEST(Plugin, CollidingCNamesAreRefused) {
   // Members: a field has_x next to an optional x.
   expect_error("syntax = \"proto2\";\npackage p;\nmessage M { optional int32 x = 1; optional int32 has_x = 2; }\n",
                {"message p.M", "has_x"});
-  // Without a package, a type named like a C keyword.
-  expect_error("syntax = \"proto3\";\nmessage bool {}\n", {"C keyword 'bool'"});
   // Predefined macros as field names.
   expect_error("syntax = \"proto3\";\npackage p;\nmessage M { int32 unix = 1; }\n", {"field p.M.unix", "macro"});
+}
+
+// Without a package a message's C name is its bare name, which protoc-c's struct takes too.
+TEST(Plugin, AFileWithoutAPackageIsRefused) {
+  expect_error("syntax = \"proto3\";\nmessage Hello { int32 x = 1; }\n",
+               {"cxrpc needs a package line"});
+  expect_error("syntax = \"proto3\";\nmessage bool {}\n", {"cxrpc needs a package line"});
+  // An imported file needs one too: its types appear in the importer's C.
+  ProtocRun r = protoc({{"top.proto", "syntax = \"proto3\";\npackage t;\nimport \"dep.proto\";\n"
+                                      "message T { D d = 1; }\n"},
+                        {"dep.proto", "syntax = \"proto3\";\nmessage D { int32 x = 1; }\n"}});
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("dep.proto: cxrpc needs a package line"), std::string::npos) << r.out;
 }
 
 TEST(Plugin, ImportsOfOtherFilesWork) {
@@ -173,6 +184,9 @@ TEST(Generator, MalformedRequestsGiveErrors) {
   // No file name.
   EXPECT_NE(run_error(pack(&rq)).find("name"), std::string::npos);
   fd.name = (char *)"x.proto";
+  // No package.
+  EXPECT_NE(run_error(pack(&rq)).find("needs a package line"), std::string::npos);
+  fd.package = (char *)"x";
   // A field whose type points nowhere.
   Google__Protobuf__DescriptorProto md = GOOGLE__PROTOBUF__DESCRIPTOR_PROTO__INIT;
   Google__Protobuf__DescriptorProto *mds[] = {&md};
