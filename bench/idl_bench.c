@@ -22,6 +22,7 @@
 #include <cxrpc/seal.h>
 
 #include "bench/idl_bench.cxr.h"
+#include "bench/idl_bench.pb-c.h"  /* pack, unpack */
 
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "examples/docstore/docstore.cxr.h"
+#include "examples/docstore/docstore.pb-c.h"  /* pack, unpack */
 #include "examples/docstore/json.h"
 
 static const char *const docs[][2] = {

@@ -247,6 +247,33 @@ static const char *kind_of(int t, gm_kind *k) {
   return NULL;
 }
 
+/* ---- a set of names in one scope (a struct's members): open addressing ---- */
+
+typedef struct nameset {
+  const char **name, **what;  /* what: the element that took the name, for the error */
+  size_t cap;
+} nameset;
+
+static bool ns_init(gm_model *m, nameset *s, size_t n) {
+  s->cap = 16;
+  while (s->cap < 2 * n) s->cap *= 2;
+  s->name = ga_alloc(&m->arena, s->cap * sizeof *s->name);
+  s->what = ga_alloc(&m->arena, s->cap * sizeof *s->what);
+  return s->name && s->what;
+}
+
+/* Adds name; NULL when it was free, else what took it first. The set never fills: its
+ * capacity is at least twice the names the caller announced to ns_init. */
+static const char *ns_add(nameset *s, const char *name, const char *what) {
+  size_t j = gn_fnv1a(name) & (s->cap - 1);
+  while (s->name[j]) {
+    if (strcmp(s->name[j], name) == 0) return s->what[j];
+    j = (j + 1) & (s->cap - 1);
+  }
+  s->name[j] = name, s->what[j] = what;
+  return NULL;
+}
+
 /* Member names inside one struct must be distinct (fields, has_ flags, oneofs). */
 static bool member_unique(gm_model *m, gm_msg *g, const char **names, size_t n,
                           const char *name) {
@@ -256,6 +283,42 @@ static bool member_unique(gm_model *m, gm_msg *g, const char **names, size_t n,
                g->file->name, g->full, name);
       return false;
     }
+  return true;
+}
+
+static bool pb_member(gm_model *m, const gm_msg *g, nameset *s, const char *name,
+                      const char *what) {
+  if (!name || !what) return false;
+  const char *prev = ns_add(s, name, what);
+  if (!prev) return true;
+  gm_error(m, "%s: message %s: protoc-c would name two members of its struct '%s' (%s and %s); "
+           "rename one", g->file->name, g->full, name, prev, what);
+  return false;
+}
+
+/* protoc-c's struct has its own members, which must differ too or its header does not
+ * compile: base, each field lower-cased (Foo and foo meet), n_<f> for a repeated field,
+ * has_<f> where it keeps a flag, <oneof>_case; the oneof members sit in an anonymous
+ * union, so in the same scope. */
+static bool pb_members_unique(gm_model *m, const gm_msg *g) {
+  gen_arena *a = &m->arena;
+  nameset s;
+  if (!ns_init(m, &s, 3 * g->nfields + g->noneofs + 1)) return false;
+  if (!pb_member(m, g, &s, "base", "its ProtobufCMessage base")) return false;
+  for (size_t i = 0; i < g->noneofs; i++)
+    if (!pb_member(m, g, &s, g->oneofs[i].pbcase,
+                   ga_printf(a, "the case of oneof %s", g->oneofs[i].name)))
+      return false;
+  for (size_t i = 0; i < g->nfields; i++) {
+    const gm_field *x = &g->fields[i];
+    if (!pb_member(m, g, &s, x->pbname, ga_printf(a, "field %s", x->name))) return false;
+    if (x->repeated && !pb_member(m, g, &s, ga_printf(a, "n_%s", x->pbname),
+                                  ga_printf(a, "the count of repeated field %s", x->name)))
+      return false;
+    if (x->pb_has && !pb_member(m, g, &s, ga_printf(a, "has_%s", x->pbname),
+                                ga_printf(a, "the has_ flag of optional field %s", x->name)))
+      return false;
+  }
   return true;
 }
 
@@ -409,7 +472,7 @@ static bool build_fields(build *b, gm_file *f, gm_msg *g, int32_t *path, size_t 
       gm_error(m, "%s: message %s: oneof %s has no fields", fn, g->full, g->oneofs[i].name);
       return false;
     }
-  return true;
+  return pb_members_unique(m, g);
 }
 
 /* Walks the declarations again in pass-1 order to give each message its path. */
@@ -426,6 +489,35 @@ static bool fields_rec(build *b, gm_file *f, size_t *idx, const MsgDesc *md, int
 }
 
 /* ---- services ---- */
+
+/* protoc-c's <Svc>_Service struct: base, then one member per method, CamelToLower of its
+ * name and not escaped, so a method Register gives a member 'register' and a .pb-c.h that
+ * does not compile. C++-only keywords (Delete) break only C++ that includes it, which the
+ * generated .cxr.h does not. */
+static bool pb_methods_ok(gm_model *m, const gm_file *f, const gm_service *s) {
+  nameset ns;
+  const char *svc = gn_pb_type(&m->arena, s->full);
+  if (!ns_init(m, &ns, s->nmethods + 1)) return false;
+  ns_add(&ns, "base", "its ProtobufCService base");
+  for (size_t j = 0; j < s->nmethods; j++) {
+    const gm_method *x = &s->methods[j];
+    const char *pm = gn_pb_method(&m->arena, x->name);
+    if (pm && gn_c_reserved(pm)) {
+      gm_error(m, "%s: method %s: protoc-c names its member of %s_Service '%s', a C keyword "
+               "or predefined macro; rename the method", f->name, x->path, svc, pm);
+      return false;
+    }
+    const char *what = ga_printf(&m->arena, "method %s", x->name);
+    if (!pm || !what) return false;
+    const char *prev = ns_add(&ns, pm, what);
+    if (prev) {
+      gm_error(m, "%s: service %s: protoc-c would name two members of %s_Service '%s' (%s and "
+               "%s); rename one", f->name, s->full, svc, pm, prev, what);
+      return false;
+    }
+  }
+  return true;
+}
 
 static bool build_services(build *b, gm_file *f) {
   gm_model *m = b->m;
@@ -498,6 +590,7 @@ static bool build_services(build *b, gm_file *f) {
         return false;
       }
     }
+    if (!pb_methods_ok(m, f, s)) return false;
   }
   return true;
 }

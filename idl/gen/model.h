@@ -154,6 +154,10 @@ const char *gn_pb_type(gen_arena *a, const char *full);
 const char *gn_pb_lower(gen_arena *a, const char *full);
 const char *gn_pb_field(gen_arena *a, const char *name);
 const char *gn_pb_case(gen_arena *a, const char *oneof);  /* CamelToLower + "_case" */
+/* protoc-c's member for a method in <Svc>_Service: CamelToLower, not escaped. */
+const char *gn_pb_method(gen_arena *a, const char *method);
+/* Is s a keyword or predefined macro of C (gnu11), which no member may be named? */
+bool gn_c_reserved(const char *s);
 /* Claims a global C identifier for an element; false (with m->err) when taken. */
 bool gn_claim(gm_model *m, const char *cname, const char *file, const char *what);
 /* 32-bit FNV-1a, the method id hash (same as cxr_method_id in the runtime). */

@@ -114,6 +114,21 @@ const char *gn_pb_field(gen_arena *a, const char *name) {
   return l;
 }
 
+/* What breaks a member name in C (not C++) code compiled with -std=gnu11: the lower-case
+ * keywords of C11 and GNU C, macros gcc predefines in gnu modes, and the lower-case macros
+ * of <stdbool.h> and <assert.h>, which generated sources include. */
+static const char *const ckw[] = {
+    "asm", "auto", "bool", "break", "case", "char", "const", "continue", "default", "do",
+    "double", "else", "enum", "extern", "false", "float", "for", "goto", "i386", "if",
+    "inline", "int", "linux", "long", "register", "restrict", "return", "short", "signed",
+    "sizeof", "static", "static_assert", "struct", "switch", "true", "typedef", "typeof",
+    "union", "unix", "unsigned", "void", "volatile", "while",
+};
+
+bool gn_c_reserved(const char *s) { return is_kw(s, ckw, sizeof ckw / sizeof ckw[0]); }
+
+const char *gn_pb_method(gen_arena *a, const char *method) { return pb_join(a, method, 1); }
+
 uint32_t gn_fnv1a(const char *s) {
   uint32_t h = 2166136261u;
   for (; *s; s++) {

@@ -20,6 +20,7 @@
 #include <cxrpc/sandbox.h>
 
 #include "tests/idl/everything.cxr.h"
+#include "tests/idl/everything.pb-c.h"  /* pb->base */
 
 // The sanitizers keep their own heaps (glibc's counters do not see them); their runtimes
 // define this, a plain build does not.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/idl/everything.cxr.h"
+#include "tests/idl/everything.pb-c.h"  /* pack, unpack */
 
 namespace {
 

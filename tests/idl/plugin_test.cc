@@ -143,6 +143,44 @@ TEST(Plugin, AFileWithoutAPackageIsRefused) {
   EXPECT_NE(r.out.find("dep.proto: cxrpc needs a package line"), std::string::npos) << r.out;
 }
 
+// protoc-c's struct has members of its own; two equal names there break its header.
+TEST(Plugin, NamesThatMeetInProtocCsStructAreRefused) {
+  expect_error("syntax = \"proto3\";\npackage p;\nmessage M { int32 base = 1; }\n",
+               {"message p.M", "'base'", "field base"});
+  expect_error("syntax = \"proto3\";\npackage p;\n"
+               "message M { repeated int32 x = 1; int32 n_x = 2; }\n",
+               {"message p.M", "'n_x'", "field n_x", "repeated field x"});
+  expect_error("syntax = \"proto2\";\npackage p;\n"
+               "message M { optional int32 X = 1; optional int32 has_x = 2; }\n",
+               {"message p.M", "'has_x'", "field has_x", "optional field X"});
+  expect_error("syntax = \"proto3\";\npackage p;\n"
+               "message M { oneof MyOne { int32 a = 1; } int32 my_one_case = 2; }\n",
+               {"message p.M", "'my_one_case'", "oneof MyOne", "field my_one_case"});
+  // (proto3 refuses these itself: their JSON names meet)
+  expect_error("syntax = \"proto2\";\npackage p;\n"
+               "message M { required int32 Foo = 1; required int32 foo = 2; }\n",
+               {"message p.M", "'foo'", "field Foo", "field foo"});
+}
+
+// protoc-c writes a method's member of <Svc>_Service lower-cased and unescaped.
+TEST(Plugin, MethodsProtocCCannotNameAreRefused) {
+  const std::string head = "syntax = \"proto3\";\npackage p;\nmessage A {}\nservice S {\n";
+  for (const char *kw :
+       {"Register", "Continue", "Default", "Return", "Switch", "Do", "Unix", "Bool"}) {
+    std::string lower = kw;
+    lower[0] = (char)tolower(lower[0]);
+    expect_error(head + "  rpc " + kw + "(A) returns (A);\n}\n",
+                 {std::string("method p.S/") + kw, "'" + lower + "'", "C keyword"});
+  }
+  expect_error(head + "  rpc FooBar(A) returns (A);\n  rpc foo_bar(A) returns (A);\n}\n",
+               {"service p.S", "'foo_bar'", "method FooBar", "method foo_bar"});
+  expect_error(head + "  rpc Base(A) returns (A);\n}\n", {"service p.S", "'base'"});
+  // C++-only keywords are fine: the .cxr.h does not include protoc-c's header.
+  ProtocRun r = protoc(
+      {{"cxx.proto", head + "  rpc Delete(A) returns (A);\n  rpc New(A) returns (A);\n}\n"}});
+  EXPECT_EQ(r.status, 0) << r.out;
+}
+
 TEST(Plugin, ImportsOfOtherFilesWork) {
   ProtocRun r = protoc({{"top.proto", "syntax = \"proto3\";\npackage t;\nimport \"dep.proto\";\nmessage T { d.D d = 1; }\n"},
                   {"dep.proto", "syntax = \"proto3\";\npackage d;\nmessage D { int32 x = 1; }\n"}});

@@ -1,5 +1,5 @@
-/* The kv stubs (examples/kvstore/kv.proto) for C++ suites: kv.cxr.h includes kv.pb-c.h,
- * which C++ cannot parse (a member named delete), so the calls go through these. */
+/* The kv calls C++ suites make (examples/kvstore/kv.proto), with the copying of keys and
+ * values into the connection heap folded in. */
 #ifndef CXRPC_TESTS_RPC_KV_CLIENT_H
 #define CXRPC_TESTS_RPC_KV_CLIENT_H
 
