@@ -147,7 +147,7 @@ void gm_error(gm_model *m, const char *fmt, ...) __attribute__((format(printf, 2
 
 /* Is s a proto identifier ([A-Za-z_][A-Za-z0-9_]*, bounded length)? */
 bool gn_ident(const char *s);
-/* s, or s + "_" when s is a C or C++ keyword or a predefined macro. */
+/* s, or s + "_" when s is a C or C++ keyword, a predefined macro or all upper-case. */
 const char *gn_member(gen_arena *a, const char *s);
 /* protobuf-c's spellings: FullNameToC, FullNameToLower, ToLower(field) + keyword escape. */
 const char *gn_pb_type(gen_arena *a, const char *full);

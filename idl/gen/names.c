@@ -40,8 +40,21 @@ static bool is_kw(const char *s, const char *const *list, size_t n) {
   return false;
 }
 
+/* Upper-case letters, digits and underscores, at least one letter: the shape of standard
+ * macros (SIZE_MAX and INT32_MAX from <stdint.h>, which the .cxr.h includes; EOF from
+ * <stdio.h>, which a user may include first). protoc-c lower-cases field names, so only
+ * ours would meet them. */
+static bool all_upper(const char *s) {
+  bool letter = false;
+  for (; *s; s++) {
+    if (islower((unsigned char)*s)) return false;
+    letter = letter || isupper((unsigned char)*s);
+  }
+  return letter;
+}
+
 const char *gn_member(gen_arena *a, const char *s) {
-  if (is_kw(s, kw, sizeof kw / sizeof kw[0])) return ga_printf(a, "%s_", s);
+  if (is_kw(s, kw, sizeof kw / sizeof kw[0]) || all_upper(s)) return ga_printf(a, "%s_", s);
   return s;
 }
 
