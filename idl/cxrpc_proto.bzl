@@ -8,10 +8,11 @@
 (import "examples/kv/kv.proto";) and each imported file needs its own
 cxrpc_proto_library in `deps` (labels with an explicit ":name").
 
-It runs protoc-c (protobuf-c structs: foo.pb-c.h/.c) and protoc with protoc-gen-cxrpc
-(foo.cxr.h/.c) in one genrule. Include "<package>/foo.cxr.h". The generated cxrpc code
-builds with -Wall -Wextra -Werror; protoc-c's own code is compiled in a separate library
-with its warnings left alone.
+It runs protoc with protoc-gen-cxrpc (foo.cxr.h/.c), then protoc-c (protobuf-c structs:
+foo.pb-c.h/.c) in one genrule (idl/protoc_gen.sh): the plugin's errors come first.
+Include "<package>/foo.cxr.h". The generated cxrpc code builds with -Wall -Wextra
+-Werror; protoc-c's own code is compiled in a separate library with its warnings left
+alone.
 """
 
 load("//:cxrpc.bzl", "CXR_COPTS")
@@ -27,14 +28,17 @@ def cxrpc_proto_library(name, src, deps = [], visibility = None, testonly = Fals
         testonly = testonly,
     )
     plugin = "//idl:protoc-gen-cxrpc"
+    script = "//idl:protoc_gen.sh"
     native.genrule(
         name = name + "_gen",
         srcs = [src, ":" + name + "_protos"],
         outs = [base + ".pb-c.c", base + ".pb-c.h", base + ".cxr.c", base + ".cxr.h"],
-        tools = [plugin],
-        cmd = ("protoc-c -I. --c_out=$(GENDIR) $(location {src}) && " +
-               "protoc -I. --plugin=protoc-gen-cxrpc=$(location {plugin}) " +
-               "--cxrpc_out=$(GENDIR) $(location {src})").format(src = src, plugin = plugin),
+        tools = [plugin, script],
+        cmd = "sh $(location {script}) $(location {plugin}) $(GENDIR) $(location {src})".format(
+            script = script,
+            plugin = plugin,
+            src = src,
+        ),
         testonly = testonly,
     )
     native.cc_library(

@@ -28,16 +28,32 @@ std::string tmpdir() {
   return d;
 }
 
-std::string plugin_path() {
+// A file of the test's runfiles, by its workspace path.
+std::string runfile(const std::string &path) {
   char buf[4096];
   if (!getcwd(buf, sizeof buf)) return "";
-  return std::string(buf) + "/idl/protoc-gen-cxrpc";
+  return std::string(buf) + "/" + path;
 }
+
+std::string plugin_path() { return runfile("idl/protoc-gen-cxrpc"); }
 
 struct ProtocRun {
   int status;
   std::string out;
 };
+
+// Runs a shell command; its exit status and output (stderr included by the command).
+ProtocRun run(const std::string &cmd) {
+  FILE *p = popen(cmd.c_str(), "r");
+  ProtocRun r{-1, ""};
+  if (!p) return r;
+  char buf[4096];
+  size_t k;
+  while ((k = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, k);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
 
 // Writes the files, runs protoc with the plugin on the first, returns status and stderr.
 ProtocRun protoc(const std::vector<std::pair<std::string, std::string>> &files) {
@@ -48,15 +64,7 @@ ProtocRun protoc(const std::vector<std::pair<std::string, std::string>> &files) 
   for (auto &f : files) std::ofstream(dir + "/" + f.first) << f.second;
   std::string cmd = "cd " + dir + " && timeout 60 protoc -I. -I/usr/include --plugin=protoc-gen-cxrpc=" +
                     plugin_path() + " --cxrpc_out=out " + files[0].first + " 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  ProtocRun r{-1, ""};
-  if (!p) return r;
-  char buf[4096];
-  size_t k;
-  while ((k = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, k);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return run(cmd);
 }
 
 void expect_error(const std::string &proto, const std::vector<std::string> &needles,
@@ -90,6 +98,21 @@ TEST(Plugin, StreamingIsRefused) {
 TEST(Plugin, GroupsAreRefused) {
   expect_error("syntax = \"proto2\";\npackage p;\nmessage M { optional group G = 1 { optional int32 a = 2; } }\n",
                {"field p.M.g", "groups are not supported"});
+}
+
+// cxrpc_proto_library's step (idl/protoc_gen.sh) on a group: the plugin's error, not
+// protoc-c's crash (protoc-c 1.4.1 segfaults on groups and ran first).
+TEST(Plugin, TheBuildStepGivesThePluginsErrorFirst) {
+  std::string dir = tmpdir() + "/gen_step";
+  mkdir(dir.c_str(), 0777);
+  mkdir((dir + "/out").c_str(), 0777);
+  std::ofstream(dir + "/bad.proto")
+      << "syntax = \"proto2\";\npackage p;\n"
+         "message M { optional group G = 1 { optional int32 a = 2; } }\n";
+  ProtocRun r = run("cd " + dir + " && timeout 60 sh " + runfile("idl/protoc_gen.sh") + " " +
+                    plugin_path() + " out bad.proto 2>&1");
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("groups are not supported"), std::string::npos) << r.out;
 }
 
 TEST(Plugin, ExtensionsAreRefused) {
