@@ -519,6 +519,23 @@ static bool pb_methods_ok(gm_model *m, const gm_file *f, const gm_service *s) {
   return true;
 }
 
+/* Our <svc>_handlers has one member per method, its name escaped (gn_member), so two
+ * methods can meet there (new and new_) though their C functions differ. */
+static bool handler_members_ok(gm_model *m, const gm_file *f, const gm_service *s) {
+  nameset ns;
+  if (!ns_init(m, &ns, s->nmethods)) return false;
+  for (size_t j = 0; j < s->nmethods; j++) {
+    const gm_method *x = &s->methods[j];
+    const char *prev = ns_add(&ns, x->member, x->name);
+    if (prev) {
+      gm_error(m, "%s: service %s: methods %s and %s would both be the member '%s' of "
+               "%s_handlers; rename one", f->name, s->full, prev, x->name, x->member, s->cname);
+      return false;
+    }
+  }
+  return true;
+}
+
 static bool build_services(build *b, gm_file *f) {
   gm_model *m = b->m;
   const FileDesc *fd = f->fd;
@@ -590,7 +607,7 @@ static bool build_services(build *b, gm_file *f) {
         return false;
       }
     }
-    if (!pb_methods_ok(m, f, s)) return false;
+    if (!pb_methods_ok(m, f, s) || !handler_members_ok(m, f, s)) return false;
   }
   return true;
 }
@@ -629,9 +646,9 @@ static bool claim_all(gm_model *m, gm_file *f) {
       if (!gn_claim(m, ga_printf(a, "%s%s", s->cname, ssuf[k]), f->name,
                     ga_printf(a, "service %s", s->full)))
         return false;
-    static const char *const xsuf[] = {"", "_async", "_wait", "_ID", "__tramp"};
+    static const char *const xsuf[] = {"", "_async", "_wait", "_ID", "__tramp", "__result"};
     for (size_t j = 0; j < s->nmethods; j++)
-      for (size_t k = 0; k < 5; k++)
+      for (size_t k = 0; k < sizeof xsuf / sizeof xsuf[0]; k++)
         if (!gn_claim(m, ga_printf(a, "%s%s", s->methods[j].cname, xsuf[k]), f->name,
                       ga_printf(a, "method %s", s->methods[j].path)))
           return false;

@@ -204,6 +204,17 @@ TEST(Plugin, MethodsProtocCCannotNameAreRefused) {
   EXPECT_EQ(r.status, 0) << r.out;
 }
 
+TEST(Plugin, CollidingServiceNamesAreRefused) {
+  // A message named like a method's static result helper (p_S_M__result).
+  expect_error("syntax = \"proto3\";\npackage p;\nmessage A {}\nmessage S_M__result {}\n"
+               "service S { rpc M(A) returns (A); }\n",
+               {"p_S_M__result", "method p.S/M", "message p.S_M__result"});
+  // Two methods whose handler members meet once escaped: new -> new_.
+  expect_error("syntax = \"proto3\";\npackage p;\nmessage A {}\n"
+               "service S { rpc new(A) returns (A); rpc new_(A) returns (A); }\n",
+               {"service p.S", "methods new and new_", "'new_'", "p_S_handlers"});
+}
+
 TEST(Plugin, ImportsOfOtherFilesWork) {
   ProtocRun r = protoc({{"top.proto", "syntax = \"proto3\";\npackage t;\nimport \"dep.proto\";\nmessage T { d.D d = 1; }\n"},
                   {"dep.proto", "syntax = \"proto3\";\npackage d;\nmessage D { int32 x = 1; }\n"}});
