@@ -89,13 +89,15 @@ void gb_printf(gen_buf *b, const char *fmt, ...) {
 }
 
 static void comment_line(gen_buf *b, const char *p, size_t n) {
-  /* copy the line, defusing comment delimiters and control characters */
+  /* copy the line, defusing comment delimiters, trigraphs and control characters */
   char prev = '*'; /* the " *" before: a leading "/" must not close it */
   for (size_t i = 0; i < n; i++) {
     char ch = p[i];
     if ((unsigned char)ch < 0x20 || ch == 0x7f) ch = ' ';
     if (prev == '*' && ch == '/') ch = ' ';
     if (prev == '/' && ch == '*') ch = ' ';
+    /* ??/ is a trigraph: at a line's end it reads as a line continuation (-Wtrigraphs) */
+    if (prev == '?' && ch == '?') gb_printf(b, "\\");
     gb_printf(b, "%c", ch);
     prev = ch;
   }
