@@ -10,8 +10,9 @@ static void emit_client(gen_buf *h, gen_buf *c, const gm_service *s, const gm_me
   gb_printf(h,
             "/* Calls %s with rq (built in cxr_conn_heap(c)); *rs is the result, validated "
             "inside\n * cxr_conn_result_range(c), owned by the caller, given back with "
-            "%s_release(c, *rs); it\n * may be NULL. On a remote (\"ucx://\") connection "
-            "the argument graph's ranges are shipped\n * unless o->ranges names them. */\n",
+            "%s_release(c, *rs); it\n * may be NULL, and is after an error. On a remote "
+            "(\"ucx://\") connection the argument\n * graph's ranges are shipped unless "
+            "o->ranges names them. */\n",
             x->path, out);
   gb_printf(h, "int %s(cxr_conn *c, const %s *rq, %s **rs, const cxr_call_opts *o);\n", n, in,
             out);
@@ -19,7 +20,7 @@ static void emit_client(gen_buf *h, gen_buf *c, const gm_service *s, const gm_me
             n, in);
   gb_printf(h,
             "/* Waits for a future from %s_async and validates its result (the future is "
-            "still\n * the caller's to free). */\n",
+            "still\n * the caller's to free); *rs is NULL after an error. */\n",
             n);
   gb_printf(h, "int %s_wait(cxr_conn *c, cxr_future *f, int64_t timeout_ns, %s **rs);\n", n, out);
   (void)s;
@@ -37,6 +38,7 @@ static void emit_client(gen_buf *h, gen_buf *c, const gm_service *s, const gm_me
             n, out, out, out, out);
   gb_printf(c,
             "\nint %s(cxr_conn *c, const %s *rq, %s **rs, const cxr_call_opts *o) {\n"
+            "  if (rs) *rs = NULL;  /* no garbage for the caller after an error */\n"
             "  if (!c || !rq || !rs) return CXR_EINVAL;\n"
             "  void *res = NULL;\n"
             "  cxr_call_opts tmp;\n  cxr_ranges rg;\n  int rc;\n"
@@ -58,6 +60,7 @@ static void emit_client(gen_buf *h, gen_buf *c, const gm_service *s, const gm_me
             n, in, in, n);
   gb_printf(c,
             "\nint %s_wait(cxr_conn *c, cxr_future *f, int64_t timeout_ns, %s **rs) {\n"
+            "  if (rs) *rs = NULL;  /* no garbage for the caller after an error */\n"
             "  if (!c || !f || !rs) return CXR_EINVAL;\n"
             "  void *res = NULL;\n"
             "  int rc = cxr_future_wait(f, timeout_ns, &res);\n"

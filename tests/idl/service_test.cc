@@ -252,6 +252,25 @@ TEST_P(Svc, AFailedCallsResultGraphIsFreedNotLeaked) {
   cxrtest_Ack_free(h, p);
 }
 
+TEST_P(Svc, AFailedCallLeavesTheResultPointerNull) {
+  // The stubs clear *rs at entry: a caller that checks only the pointer, or frees it after
+  // an error, never sees what the variable held before.
+  cxrtest_Ack *p = cxrtest_Ack_new(h), junk = {}, *q = &junk;
+  p->has_code = true, p->code = -7;  // on_ping fails with CXR_EINVAL
+  EXPECT_EQ(cxrtest_Admin_Ping(c, p, &q, nullptr), CXR_EINVAL);
+  EXPECT_EQ(q, nullptr);
+  q = &junk;
+  EXPECT_EQ(cxrtest_Admin_Ping(c, nullptr, &q, nullptr), CXR_EINVAL);
+  EXPECT_EQ(q, nullptr);
+  cxr_future *f = nullptr;
+  ASSERT_EQ(cxrtest_Admin_Ping_async(c, p, &f, nullptr), 0);
+  q = &junk;
+  EXPECT_EQ(cxrtest_Admin_Ping_wait(c, f, 0, &q), CXR_EINVAL);
+  EXPECT_EQ(q, nullptr);
+  cxr_future_free(f);
+  cxrtest_Ack_free(h, p);
+}
+
 TEST_P(Svc, BadArgumentsAndMissingHandlers) {
   cxrtest_Ack *a = nullptr;
   EXPECT_EQ(cxrtest_Store_Put(nullptr, nullptr, &a, nullptr), CXR_EINVAL);
