@@ -8,6 +8,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cxrpc/shm.h>
+
 #include "sandbox/internal.h"
 #include "shm/log.h"
 
@@ -85,11 +87,17 @@ int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns) {
 int cxr__cxrpcd_path(const char *explicit_path, char *out, size_t cap) {
   if (!out || cap == 0) return CXR_EINVAL;
   const char *e = getenv("CXRPC_CXRPCD");
-  const char *root = getenv("CXRPC_ROOT");
   int n;
-  if (explicit_path && *explicit_path) n = snprintf(out, cap, "%s", explicit_path);
-  else if (e && *e) n = snprintf(out, cap, "%s", e);
-  else n = snprintf(out, cap, "%s/cxrpcd.sock", root && *root ? root : "/dev/shm/cxrpc");
+  if (explicit_path && *explicit_path) {
+    n = snprintf(out, cap, "%s", explicit_path);
+  } else if (e && *e) {
+    n = snprintf(out, cap, "%s", e);
+  } else {
+    /* the root the process runs with (cxr_init_opts.root wins over $CXRPC_ROOT) */
+    const char *root = cxr_root();
+    if (!root) return cxr_last_error();
+    n = snprintf(out, cap, "%s/cxrpcd.sock", root);
+  }
   if (n < 0 || (size_t)n >= cap || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
     return CXR_ENAMETOOLONG;
   return 0;
