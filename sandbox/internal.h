@@ -136,8 +136,8 @@ typedef struct cxr__cxrpcd_msg {
 /* Sends/receives one message with at most one fd. 0 or a negative CXR_E*. */
 int cxr__msg_send(int sock, const cxr__cxrpcd_msg *m, int fd);
 int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns);
-/* The supervisor's socket path: explicit, else $CXRPC_CXRPCD, else $CXRPC_ROOT/cxrpcd.sock,
- * else /dev/shm/cxrpc/cxrpcd.sock. */
+/* The supervisor's socket path: explicit, else $CXRPC_CXRPCD, else cxrpcd.sock in the
+ * process's pod root (cxr_root(): cxr_init_opts.root, $CXRPC_ROOT, /dev/shm/cxrpc). */
 int cxr__cxrpcd_path(const char *explicit_path, char *out, size_t cap);
 int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns);
 

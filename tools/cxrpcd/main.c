@@ -5,7 +5,8 @@
  *   cxrpcd run [--socket PATH] -- PROGRAM ... run PROGRAM under the enforcement filter
  *   cxrpcd stats [--socket PATH]              decisions so far (allowed, refused)
  *
- * PATH defaults to $CXRPC_CXRPCD, else $CXRPC_ROOT/cxrpcd.sock. The address window comes
+ * PATH defaults to $CXRPC_CXRPCD, else cxrpcd.sock in the pod root ($CXRPC_ROOT, default
+ * /dev/shm/cxrpc). The address window comes
  * from $CXRPC_WINDOW as everywhere in cxrpc. See docs/sandbox.md.
  */
 #include <signal.h>
@@ -28,9 +29,16 @@ int main(int argc, char **argv) {
   if (argc < 2) return usage();
   const char *sock = NULL;
   int i = 2;
-  if (i + 1 < argc && !strcmp(argv[i], "--socket")) sock = argv[i + 1], i += 2;
+  if (i < argc && !strcmp(argv[i], "--socket")) {
+    if (i + 1 >= argc || argv[i + 1][0] == '\0') return usage(); /* not the default, silently */
+    sock = argv[i + 1], i += 2;
+  }
   char path[108];
-  if (cxr__cxrpcd_path(sock, path, sizeof path) != 0) return usage();
+  int rc = cxr__cxrpcd_path(sock, path, sizeof path);
+  if (rc != 0) {
+    fprintf(stderr, "cxrpcd: no socket path: %s\n", cxr_strerror(rc));
+    return 2;
+  }
   if (!strcmp(argv[1], "serve")) {
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGTERM, &sa, NULL);
