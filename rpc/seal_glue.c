@@ -24,6 +24,7 @@
 
 #include "rpc/client.h"
 #include "rpc/seal_glue.h"
+#include "rpc/seal_helper.h"
 #include "sandbox/internal.h"
 #include "shm/log.h"
 
@@ -42,50 +43,16 @@ typedef struct cxr__seal_chan {
   cxr__seal_srv *srv;
   /* With restricted workers (no open, no socket), a helper thread opens the client's maps
    * file and talks to cxrpcd on their behalf. */
-  pthread_t helper;
-  bool helper_on, stop;
-  pthread_mutex_t hmu;
-  pthread_cond_t hcv;
-  cxr__sconn *req_sc; /* pending request, or NULL */
-  int req_rc;
-  uint64_t req_seq, done_seq;
+  cxr__seal_helper helper;
 } cxr__seal_chan;
 
 static int peer_setup(cxr__seal_chan *s, cxr__sconn *sc, cxr__seal_srv *v);
 
-static void *helper_main(void *arg) {
-  cxr__seal_chan *s = arg;
-  pthread_mutex_lock(&s->hmu);
-  while (!s->stop) {
-    if (s->req_sc && s->done_seq != s->req_seq) {
-      cxr__sconn *sc = s->req_sc;
-      pthread_mutex_unlock(&s->hmu);
-      int rc = peer_setup(s, sc, &s->srv[sc->index]);
-      pthread_mutex_lock(&s->hmu);
-      s->req_rc = rc;
-      s->done_seq = s->req_seq;
-      pthread_cond_broadcast(&s->hcv);
-      continue;
-    }
-    pthread_cond_wait(&s->hcv, &s->hmu);
-  }
-  pthread_mutex_unlock(&s->hmu);
-  return NULL;
-}
-
-/* From a restricted worker: one request at a time, answered by the helper. */
-static int peer_setup_via_helper(cxr__seal_chan *s, cxr__sconn *sc) {
-  pthread_mutex_lock(&s->hmu);
-  while (s->req_sc && s->done_seq != s->req_seq) pthread_cond_wait(&s->hcv, &s->hmu);
-  uint64_t mine = ++s->req_seq;
-  s->req_sc = sc;
-  pthread_cond_broadcast(&s->hcv);
-  while (s->done_seq != mine) pthread_cond_wait(&s->hcv, &s->hmu);
-  int rc = s->req_rc;
-  s->req_sc = NULL;
-  pthread_cond_broadcast(&s->hcv);
-  pthread_mutex_unlock(&s->hmu);
-  return rc;
+/* The helper's work: a restricted worker's peer set-up. */
+static int peer_setup_for(void *ctx, void *req) {
+  cxr__seal_chan *s = ctx;
+  cxr__sconn *sc = req;
+  return peer_setup(s, sc, &s->srv[sc->index]);
 }
 
 typedef struct cxr__seal_cli {
@@ -115,10 +82,7 @@ static cxr__seal_chan *chan_get(cxr_channel *ch) {
   for (unsigned i = 0; i < s->n; i++) pthread_mutex_init(&s->srv[i].mu, NULL);
   s->enforce = env_on("CXRPC_ENFORCE");
   s->restrict_threads = env_on("CXRPC_SANDBOX_THREADS");
-  pthread_mutex_init(&s->hmu, NULL);
-  pthread_cond_init(&s->hcv, NULL);
-  if (s->restrict_threads && pthread_create(&s->helper, NULL, helper_main, s) == 0)
-    s->helper_on = true;
+  if (s->restrict_threads) cxr__seal_helper_start(&s->helper, peer_setup_for, s);
   ch->seal = s;
   return s;
 }
@@ -149,15 +113,7 @@ void cxr__seal_slot_ready(cxr_channel *ch, cxr__sconn *sc) {
 void cxr__seal_channel_close(cxr_channel *ch) {
   cxr__seal_chan *s = ch->seal;
   if (!s) return;
-  if (s->helper_on) {
-    pthread_mutex_lock(&s->hmu);
-    s->stop = true;
-    pthread_cond_broadcast(&s->hcv);
-    pthread_mutex_unlock(&s->hmu);
-    pthread_join(s->helper, NULL);
-  }
-  pthread_mutex_destroy(&s->hmu);
-  pthread_cond_destroy(&s->hcv);
+  cxr__seal_helper_stop(&s->helper);
   for (unsigned i = 0; i < s->n; i++) {
     cxr_seal_table_close(s->srv[i].t);
     pthread_mutex_destroy(&s->srv[i].mu);
@@ -172,7 +128,7 @@ static _Thread_local bool thread_restricted;
 /* The client of this tenancy, once: its pid for the kernel check, and cxrpcd if enforced. */
 static int peer_ready(cxr__seal_chan *s, cxr__sconn *sc, cxr__seal_srv *v) {
   if (__atomic_load_n(&v->peer_gen, __ATOMIC_ACQUIRE) == sc->gen) return v->peer_rc;
-  if (thread_restricted && s->helper_on) return peer_setup_via_helper(s, sc);
+  if (thread_restricted && s->helper.on) return cxr__seal_helper_ask(&s->helper, sc);
   return peer_setup(s, sc, v);
 }
 
