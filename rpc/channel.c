@@ -683,6 +683,16 @@ int cxr_channel_start(cxr_channel *ch) {
   return rc;
 }
 
+/* serve()'s caller while library threads do the work: sleeps until the channel stops
+ * (the stop rings the doorbell; clients ringing it only wake us early). */
+static void wait_stopped(cxr_channel *ch) {
+  for (;;) {
+    uint32_t v = __atomic_load_n(&ch->cb->doorbell, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) return;
+    cxr__futex_wait(&ch->cb->doorbell, v, 1000000000);
+  }
+}
+
 int cxr_channel_serve(cxr_channel *ch) {
   if (ch == NULL || ch->cb == NULL) return CXR_EINVAL;
   if (cxr__fork_inherited(ch->fork_epoch)) return CXR_ECLOSED;
@@ -693,10 +703,15 @@ int cxr_channel_serve(cxr_channel *ch) {
   }
   __atomic_store_n(&ch->stop, 0, __ATOMIC_RELEASE);
   __atomic_store_n(&ch->running, 1, __ATOMIC_RELEASE);
-  /* The calling thread is one of the workers. */
-  int rc = start_threads(ch, ch->o.workers - 1);
+  /* The calling thread is one of the workers, unless workers take the seccomp policy: it
+   * is for good, and the caller's thread is the application's (main, often), which must
+   * still open and unlink files once serve returns (the close's among them). It then
+   * only waits for the stop. */
+  bool own = !cxr__seal_restricts_workers(ch);
+  int rc = start_threads(ch, ch->o.workers - own);
   pthread_mutex_unlock(&ch->lock);
-  if (rc == 0) cxr__worker_main(ch);
+  if (rc == 0 && own) cxr__worker_main(ch);
+  if (rc == 0 && !own) wait_stopped(ch);
   __atomic_store_n(&ch->stop, 1, __ATOMIC_RELEASE);
   wake_all(ch);
   pthread_mutex_lock(&ch->lock);

@@ -123,12 +123,28 @@ void cxr__seal_channel_close(cxr_channel *ch) {
   ch->seal = NULL;
 }
 
-static _Thread_local bool thread_restricted;
+bool cxr__seal_restricts_workers(const cxr_channel *ch) {
+  return ch->o.untrusted && ch->seal && ch->seal->restrict_threads;
+}
+
+/* This worker's seccomp policy: 0 not tried yet, 1 on, -1 refused by the kernel. */
+static _Thread_local int thread_policy;
+
+/* Puts this worker under the policy once. A worker the kernel would not restrict refuses
+ * its untrusted calls (CXR_EPERM) rather than run them with the whole process's rights. */
+static int restrict_worker(void) {
+  if (thread_policy == 0) {
+    thread_policy = cxr_sandbox_restrict_thread() == 0 ? 1 : -1;
+    if (thread_policy < 0)
+      CXR_WARN("sandbox: worker thread not restricted: its untrusted calls are refused");
+  }
+  return thread_policy > 0 ? 0 : CXR_EPERM;
+}
 
 /* The client of this tenancy, once: its pid for the kernel check, and cxrpcd if enforced. */
 static int peer_ready(cxr__seal_chan *s, cxr__sconn *sc, cxr__seal_srv *v) {
   if (__atomic_load_n(&v->peer_gen, __ATOMIC_ACQUIRE) == sc->gen) return v->peer_rc;
-  if (thread_restricted && s->helper.on) return cxr__seal_helper_ask(&s->helper, sc);
+  if (thread_policy > 0 && s->helper.on) return cxr__seal_helper_ask(&s->helper, sc);
   return peer_setup(s, sc, v);
 }
 
@@ -180,13 +196,12 @@ int cxr__seal_dispatch(cxr_call *call, cxr_handler fn, void *user, void **result
   }
   int rc;
   if (ch->o.untrusted) {
-    if (s && s->restrict_threads && !thread_restricted) {
-      thread_restricted = true;
-      if (cxr_sandbox_restrict_thread() != 0) CXR_WARN("sandbox: worker thread not restricted");
+    rc = s && s->restrict_threads ? restrict_worker() : 0;
+    if (rc == 0) {
+      run_ctx r = {call, fn, user, result};
+      rc = cxr_sandbox_run(run_handler, &r);
+      if (rc == CXR_EBADPTR) *result = NULL; /* a fault may have left it half-written */
     }
-    run_ctx r = {call, fn, user, result};
-    rc = cxr_sandbox_run(run_handler, &r);
-    if (rc == CXR_EBADPTR) *result = NULL; /* a fault may have left it half-written */
   } else {
     rc = fn(call, call->args, result, user);
   }

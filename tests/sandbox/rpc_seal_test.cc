@@ -5,13 +5,18 @@
 
 #include "tests/root.h"
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <seccomp.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include <sys/stat.h>
 
 #include <atomic>
 #include <string>
+#include <thread>
 
 #include <cxrpc/seal.h>
 
@@ -57,13 +62,39 @@ __attribute__((no_sanitize("address", "undefined", "thread"))) int h_follow(
   return *p == 7 ? 0 : 1;
 }
 
+// Makes seccomp filters fail to load on the calling thread and the threads it creates (a
+// kernel that refuses the workers' policy).
+bool deny_seccomp() {
+  scmp_filter_ctx f = seccomp_init(SCMP_ACT_ALLOW);
+  if (!f) return false;
+  bool ok = seccomp_rule_add(f, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(seccomp), 0) == 0 &&
+            seccomp_rule_add(f, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(prctl), 1,
+                             SCMP_A0(SCMP_CMP_EQ, PR_SET_SECCOMP)) == 0 &&
+            seccomp_attr_set(f, SCMP_FLTATR_CTL_TSYNC, 0) == 0 && seccomp_load(f) == 0;
+  seccomp_release(f);
+  return ok;
+}
+
+// Heap files of the root whose name contains `part` (not those an unlink moved aside as
+// ".<name>.<generation>.unlinked": they go when their last user unmaps them).
+int files_named(const std::string &dir, const std::string &part) {
+  int n = 0;
+  DIR *d = opendir(dir.c_str());
+  if (!d) return -1;
+  while (struct dirent *e = readdir(d))
+    n += e->d_name[0] != '.' && strstr(e->d_name, part.c_str()) != nullptr;
+  closedir(d);
+  return n;
+}
+
 struct RpcSeal : ::testing::Test {
-  std::string name;
+  std::string name, root;
   cxr_channel *ch = nullptr;
   cxr_conn *c = nullptr;
-  void open(bool untrusted, const char *batch) {
+  // An open channel with the handlers registered, not started.
+  void open_channel(bool untrusted, const char *batch) {
     static int n;
-    std::string root = cxrt::setup_root("rpcseal");
+    root = cxrt::setup_root("rpcseal");
     if (batch) setenv("CXRPC_SEAL_BATCH", batch, 1);
     else unsetenv("CXRPC_SEAL_BATCH");
     name = "sl" + std::to_string(getpid() % 100000) + "-" + std::to_string(++n);
@@ -77,6 +108,9 @@ struct RpcSeal : ::testing::Test {
     ASSERT_EQ(cxr_channel_on(ch, M_SUM, h_sum, nullptr), 0);
     ASSERT_EQ(cxr_channel_on(ch, M_FOLLOW, h_follow, nullptr), 0);
     ASSERT_EQ(cxr_channel_on(ch, M_OPEN, h_open, nullptr), 0);
+  }
+  void open(bool untrusted, const char *batch) {
+    open_channel(untrusted, batch);
     ASSERT_EQ(cxr_channel_start(ch), 0);
     ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
   }
@@ -210,6 +244,55 @@ TEST_F(RpcSeal, RestrictedWorkersCannotOpenFilesButKeepServing) {
   uint64_t sum = 0;
   ASSERT_EQ(call_sum(a, 1, &sum), 0);  // sealed calls still work on restricted workers
   EXPECT_EQ(sum, 4u);
+}
+
+TEST_F(RpcSeal, ServeLeavesTheCallersThreadUnrestricted) {
+  setenv("CXRPC_SANDBOX_THREADS", "1", 1);
+  open_channel(true, "1");
+  unsetenv("CXRPC_SANDBOX_THREADS");
+  int serve_rc = 1, open_rc = 1, unlink_rc = 1;
+  std::string probe = root + "/probe";
+  ::close(::open(probe.c_str(), O_CREAT | O_WRONLY, 0600));
+  std::thread app([&] {  // the application's thread (main, say): serves, then goes on
+    serve_rc = cxr_channel_serve(ch);
+    int fd = ::open("/proc/self/status", O_RDONLY);
+    open_rc = fd >= 0 ? 0 : -errno;
+    if (fd >= 0) ::close(fd);
+    unlink_rc = ::unlink(probe.c_str()) == 0 ? 0 : -errno;
+    cxr_channel_close(ch);
+  });
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  void *r = nullptr;
+  EXPECT_EQ(cxr_conn_call(c, M_OPEN, nullptr, &r, nullptr), CXR_EPERM);  // a worker's policy
+  cxr_conn_close(c);
+  c = nullptr;
+  cxr_channel_stop(ch);
+  app.join();
+  ch = nullptr;
+  EXPECT_EQ(serve_rc, 0);
+  EXPECT_EQ(open_rc, 0) << "the thread that called serve is still restricted";
+  EXPECT_EQ(unlink_rc, 0);
+  EXPECT_EQ(files_named(root, name), 0) << "the close left heap files behind";
+}
+
+TEST_F(RpcSeal, AWorkerTheKernelWillNotRestrictRefusesUntrustedCalls) {
+  setenv("CXRPC_SANDBOX_THREADS", "1", 1);
+  open_channel(true, "1");
+  unsetenv("CXRPC_SANDBOX_THREADS");
+  bool denied = false;
+  int start_rc = 1;
+  std::thread([&] {  // the workers inherit this thread's filter
+    denied = deny_seccomp();
+    start_rc = cxr_channel_start(ch);
+  }).join();
+  ASSERT_TRUE(denied);
+  ASSERT_EQ(start_rc, 0);
+  ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
+  unsigned char *a = (unsigned char *)cxr_heap_alloc_pages(cxr_conn_heap(c), 4096);
+  ASSERT_NE(a, nullptr);
+  uint64_t sum = 0;
+  EXPECT_EQ(call_sum(a, 1, &sum, 0), CXR_EPERM);  // not run with the process's rights
+  EXPECT_EQ(call_sum(a, 1, &sum, 0), CXR_EPERM);  // nor on the next try
 }
 
 TEST_F(RpcSeal, ReconnectGetsAFreshTable) {
