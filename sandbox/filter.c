@@ -5,13 +5,15 @@
  * the supervisor then decides exactly with the policy in policy.c. Lowering permissions
  * (sealing) is never sent: it stays a direct ~0.5 us call.
  *
- * Refused here outright, without a round trip: ptrace and process_vm_writev. Shared file
+ * Refused here outright, without a round trip: ptrace, process_vm_writev, remap_file_pages
+ * and shmat(SHM_REMAP). Shared file
  * mappings outside the window go to the supervisor too, which refuses those of a
  * registered heap file (the library's own, such as the pod registry, pass).
  */
 #include <errno.h>
 #include <seccomp.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 
 #include "sandbox/internal.h"
 #include "shm/log.h"
@@ -92,6 +94,12 @@ int cxr__enforce_filter_rules(uintptr_t wbase, size_t wsize, void *ctx) {
                        SCMP_A3(SCMP_CMP_MASKED_EQ, S | A, S)));
   TRY(seccomp_rule_add(c, SCMP_ACT_NOTIFY, SCMP_SYS(mmap), 2, SCMP_A0(SCMP_CMP_GE, hi),
                        SCMP_A3(SCMP_CMP_MASKED_EQ, S | A, S)));
+  /* Remaps the library never makes, refused outright: remap_file_pages points a writable
+   * page of a shared mapping at any offset of its file (the sealed page's, say), and
+   * shmat(SHM_REMAP) replaces a mapping in place. */
+  TRY(seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(remap_file_pages), 0));
+  TRY(seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(shmat), 1,
+                       SCMP_A2(SCMP_CMP_MASKED_EQ, SHM_REMAP, SHM_REMAP)));
   /* Writing another process's (or, through a child, our own) memory. */
   TRY(seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ptrace), 0));
   TRY(seccomp_rule_add(c, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(process_vm_writev), 0));

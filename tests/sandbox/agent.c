@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
+#include <sys/shm.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -69,6 +70,18 @@ static int attack(int kind, uintptr_t p, size_t n, uint64_t *extra) {
       q = mmap((void *)p, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, heap_fd, off);
       if (q == MAP_FAILED) return -errno;
       return mark(q);
+    case AT_REMAP_FILE_PAGES: /* the heap's last page (writable, never sealed here) */
+      q = (void *)(heap_addr + heap_size - n);
+      if (syscall(SYS_remap_file_pages, q, n, 0, (unsigned long)off / 4096, 0)) return -errno;
+      return mark(q);
+    case AT_SHMAT_REMAP: { /* replaces our view only: the receiver's bytes stay */
+      int id = shmget(IPC_PRIVATE, n, IPC_CREAT | 0600);
+      if (id < 0) return -errno;
+      q = shmat(id, (void *)p, SHM_REMAP);
+      int e = errno;
+      shmctl(id, IPC_RMID, NULL);
+      return q == (void *)-1 ? -e : mark(q);
+    }
     case AT_MADV_REMOVE:
       return madvise((void *)p, n, MADV_REMOVE) ? -errno : 0;
     case AT_PROC_MEM: {

@@ -33,6 +33,8 @@ enum agent_attack {
   AT_FALLOCATE,         /* fallocate(PUNCH_HOLE) on the kept heap fd */
   AT_WRITE_TABLE,       /* make the seal table writable (mprotect, reopen) to fake "done" */
   AT_FTRUNCATE,         /* shrink the heap file (the receiver's reads would SIGBUS) */
+  AT_REMAP_FILE_PAGES,  /* remap_file_pages: a writable heap page onto the sealed offset */
+  AT_SHMAT_REMAP,       /* shmat(SHM_REMAP) of a SysV segment over the sealed page */
   AT_COUNT
 };
 

@@ -49,6 +49,11 @@ const Row kRows[] = {
     {AT_PTRACE_CHILD, "ptrace(POKEDATA) from a child", {true, true, true}, ENFORCED},
     {AT_FALLOCATE, "fallocate(PUNCH_HOLE) on the kept fd", {false, false, true}, -1},
     {AT_WRITE_TABLE, "make the seal table writable to fake \"done\"", {true, true, true}, -1},
+    {AT_REMAP_FILE_PAGES, "remap_file_pages: writable page onto the sealed offset",
+     {false, true, true}, ENFORCED},
+    {AT_SHMAT_REMAP, "shmat(SHM_REMAP) of a SysV segment over the page", {true, true, true},
+     ENFORCED},
+    // Last: the heap stays truncated for the rows after it.
     {AT_FTRUNCATE, "ftruncate the heap file (receiver reads fault)", {false, false, true}, -1},
 };
 const int kNRows = sizeof kRows / sizeof kRows[0];
