@@ -96,15 +96,17 @@ bool cxr_seal_table_enforced(const cxr_seal_table *t);
  * every slot is in use. */
 int cxr_seal_table_seal(cxr_seal_table *t, const void *p, size_t len, cxr_seal_id *id);
 /* Sender: the receiver is done; write access comes back at the next batch sweep (at once
- * if release_batch is 1). CXR_EPERM while the receiver has not marked it done;
+ * if release_batch is 1). CXR_EPERM while the receiver has not marked it (or a late
+ * check of an earlier seal of its slot) done;
  * CXR_EAGAIN if the receiver has not checked it yet (see cancel). Pages released but not
  * yet swept stay read-only: call cxr_seal_table_flush before writing them again. */
 int cxr_seal_table_release(cxr_seal_table *t, cxr_seal_id id);
 /* Sender: restores write access to every released page now. */
 int cxr_seal_table_flush(cxr_seal_table *t);
 /* Sender: ends a seal the receiver never checked (the call failed or was cancelled before
- * it arrived). CXR_EPERM if the receiver holds it as active, unless the peer is dead
- * (cxr_seal_table_peer_dead). Write access comes back at once. */
+ * it arrived). CXR_EPERM if the receiver holds it (or its slot, under an earlier seal's
+ * id) as active, unless the peer is dead (cxr_seal_table_peer_dead). Write access comes
+ * back at once. */
 int cxr_seal_table_cancel(cxr_seal_table *t, cxr_seal_id id);
 /* Sender: the receiver died; every seal may be released. */
 void cxr_seal_table_peer_dead(cxr_seal_table *t);

@@ -353,10 +353,15 @@ static int64_t live_slot(const cxr_seal_table *t, cxr_seal_id id) {
   return s;
 }
 
+/* The state of our seal (slot s, generation g) as the receiver's record shows it. A record
+ * held (claimed or active) under another generation counts as held: a late descriptor of
+ * an earlier seal of this slot may have been checked against our pages, still sealed, and
+ * the receiver relies on them until it marks that one done. */
 static int rec_state(const cxr_seal_table *t, uint32_t s, uint32_t g) {
   uint64_t st = atomic_load_explicit(&t->recs[s].state, memory_order_acquire);
-  if ((st >> 8) != g) return CXR__SEAL_FREE; /* never checked under this generation */
-  return (int)(st & 0xff);
+  int state = (int)(st & 0xff);
+  if ((st >> 8) == g || state == CXR__SEAL_CLAIM || state == CXR__SEAL_ACTIVE) return state;
+  return CXR__SEAL_FREE; /* never checked under this generation */
 }
 
 /* Release and cancel begin alike: a sender's table, locked, and a live seal of ours with the

@@ -190,6 +190,16 @@ TEST_F(SealTest, TheSenderCannotWriteTheTable) {
   EXPECT_EQ(m.r, (uint64_t)EPERM);  // and a fresh writable mapping is refused too
 }
 
+// A receiver's table of `slots` slots and a sender attached to it that releases at once.
+void table_pair(unsigned slots, cxr_seal_table **rx, cxr_seal_table **tx) {
+  cxr_seal_opts o;
+  cxr_seal_opts_init(&o);
+  o.slots = slots;
+  o.release_batch = 1;
+  ASSERT_EQ(cxr_seal_table_create(rx, &o), 0);
+  ASSERT_EQ(cxr_seal_table_attach(tx, cxr_seal_table_fd(*rx), &o), 0);
+}
+
 TEST(SealApi, ArgumentsAreValidated) {
   cxr_seal_table *t = nullptr;
   cxr_seal_opts o;
@@ -223,12 +233,7 @@ TEST(SealApi, ArgumentsAreValidated) {
 
 TEST(SealApi, SlotsRunOut) {
   cxr_seal_table *t = nullptr, *s = nullptr;
-  cxr_seal_opts o;
-  cxr_seal_opts_init(&o);
-  o.slots = 4;
-  o.release_batch = 1;
-  ASSERT_EQ(cxr_seal_table_create(&t, &o), 0);
-  ASSERT_EQ(cxr_seal_table_attach(&s, cxr_seal_table_fd(t), &o), 0);
+  ASSERT_NO_FATAL_FAILURE(table_pair(4, &t, &s));
   void *m = mmap(nullptr, 8 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(m, MAP_FAILED);
   cxr_seal_id ids[5];
@@ -376,3 +381,47 @@ TEST(SealApi, AttachReadsTheSlotCountOnce) {
 }
 
 }  // namespace
+
+// A receiver and a sender table in this process, over a heap of ours (the check asks the
+// kernel about our own pages).
+struct SealOneProcess : ::testing::Test {
+  Heap heap;
+  cxr_seal_table *rx = nullptr, *tx = nullptr;
+  unsigned char *p = nullptr;
+  void SetUp() override {
+    ASSERT_TRUE(make_heap(&heap, 16 * 4096, false));
+    ASSERT_NO_FATAL_FAILURE(table_pair(16, &rx, &tx));
+    ASSERT_EQ(cxr_seal_table_set_peer(rx, getpid(), heap.p(), heap.size), 0);
+    p = heap.p() + 4 * 4096;
+  }
+  void TearDown() override {
+    cxr_seal_table_close(tx);
+    cxr_seal_table_close(rx);
+    drop_heap(&heap);
+  }
+  static int store(void *q) {
+    *(volatile unsigned char *)q = 1;
+    return 0;
+  }
+  bool writable() { return cxr_sandbox_run(store, p) == 0; }
+};
+
+TEST_F(SealOneProcess, ALateCheckOfAnEarlierSealOfTheSlotHoldsTheSlotsSeal) {
+  cxr_seal_id id1, id2;
+  ASSERT_EQ(cxr_seal_table_seal(tx, p, 4096, &id1), 0);
+  ASSERT_EQ(cxr_seal_table_cancel(tx, id1), 0);  // the call ended before the receiver saw it
+  ASSERT_EQ(cxr_seal_table_seal(tx, p, 4096, &id2), 0);  // the next call: same slot, gen + 1
+  ASSERT_EQ(id1 & 0xfffff, id2 & 0xfffff);
+  ASSERT_NE(id1, id2);
+  // The first call's descriptor arrives late: its pages are sealed (by the second seal), so
+  // the receiver cannot tell, and relies on them until done.
+  ASSERT_EQ(cxr_seal_table_check(rx, id1, p, 4096), 0);
+  EXPECT_EQ(cxr_seal_table_release(tx, id2), CXR_EPERM);
+  EXPECT_EQ(cxr_seal_table_cancel(tx, id2), CXR_EPERM);
+  EXPECT_FALSE(writable());
+  EXPECT_EQ(cxr_seal_table_check(rx, id2, p, 4096), CXR_EBUSY);  // the slot is taken
+  ASSERT_EQ(cxr_seal_table_done(rx, id1), 0);
+  EXPECT_EQ(cxr_seal_table_release(tx, id2), CXR_EAGAIN);  // never checked as itself
+  EXPECT_EQ(cxr_seal_table_cancel(tx, id2), 0);
+  EXPECT_TRUE(writable());
+}
