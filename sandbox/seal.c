@@ -305,6 +305,19 @@ static void live_remove(cxr_seal_table *t, uint32_t slot) {
   t->freel[t->nfree++] = slot;
 }
 
+/* The generation the receiver last wrote into slot s's record (0: none). */
+static uint32_t rec_gen(const cxr_seal_table *t, uint32_t s) {
+  return (uint32_t)(atomic_load_explicit(&t->recs[s].state, memory_order_acquire) >> 8);
+}
+
+/* The next generation for slot s: 12 bits (the id fits 32), never 0, and never the one the
+ * record shows: after 4095 seals the receiver never checked, the id would come back to the
+ * last one it marked done, and that record would answer for the new seal. */
+static uint32_t next_gen(const cxr_seal_table *t, uint32_t s) {
+  uint32_t g = t->gen[s] % GEN_MAX + 1;
+  return g == rec_gen(t, s) ? g % GEN_MAX + 1 : g;
+}
+
 int cxr_seal_table_seal(cxr_seal_table *t, const void *p, size_t len, cxr_seal_id *id) {
   if (!t || !t->sender || !p || len == 0 || !id || ((uintptr_t)p % CXR__PAGE)) return CXR_EINVAL;
   uint64_t a = (uintptr_t)p, n = ((uint64_t)len + CXR__PAGE - 1) & ~(uint64_t)(CXR__PAGE - 1);
@@ -334,7 +347,7 @@ int cxr_seal_table_seal(cxr_seal_table *t, const void *p, size_t len, cxr_seal_i
     goto out;
   }
   uint32_t s = t->freel[--t->nfree];
-  if (++t->gen[s] > GEN_MAX) t->gen[s] = 1; /* 12 bits: the id fits 32 */
+  t->gen[s] = next_gen(t, s);
   t->s_addr[s] = a;
   t->s_len[s] = n;
   t->live_pos[s] = t->nlive;

@@ -425,3 +425,26 @@ TEST_F(SealOneProcess, ALateCheckOfAnEarlierSealOfTheSlotHoldsTheSlotsSeal) {
   EXPECT_EQ(cxr_seal_table_cancel(tx, id2), 0);
   EXPECT_TRUE(writable());
 }
+
+TEST_F(SealOneProcess, AnIdNeverComesBackToTheLastOneCheckedOnItsSlot) {
+  cxr_seal_id done_id, id;
+  ASSERT_EQ(cxr_seal_table_seal(tx, p, 4096, &done_id), 0);
+  ASSERT_EQ(cxr_seal_table_check(rx, done_id, p, 4096), 0);
+  ASSERT_EQ(cxr_seal_table_done(rx, done_id), 0);
+  ASSERT_EQ(cxr_seal_table_release(tx, done_id), 0);
+  // Calls that never reach the receiver, on the same slot, twice round the 12-bit
+  // generations: none may be taken for the one it marked done.
+  int same = 0, released = 0;
+  for (int i = 0; i < 2 * 4096; i++) {
+    ASSERT_EQ(cxr_seal_table_seal(tx, p, 4096, &id), 0);
+    ASSERT_EQ(id & 0xfffff, done_id & 0xfffff);
+    same += id == done_id;
+    int rc = cxr_seal_table_release(tx, id);
+    released += rc == 0;
+    if (rc != 0) {
+      ASSERT_EQ(cxr_seal_table_cancel(tx, id), 0);
+    }
+  }
+  EXPECT_EQ(same, 0);
+  EXPECT_EQ(released, 0) << "a seal the receiver never checked was released";
+}
