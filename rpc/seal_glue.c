@@ -58,8 +58,11 @@ static int peer_setup_for(void *ctx, void *req) {
 typedef struct cxr__seal_cli {
   pthread_mutex_t mu;
   cxr_seal_table *t;
-  cxr_seal_id orphans[64]; /* seals still active at the server when their call ended */
-  unsigned norphans;
+  /* Seals still held by the server when their call ended (under mu). Each holds a slot of
+   * the table, so there are never more than its slots. norphans is written atomically:
+   * callers peek at it without the lock. */
+  cxr_seal_id *orphans;
+  unsigned norphans, cap;
 } cxr__seal_cli;
 
 static bool env_on(const char *name) {
@@ -258,18 +261,47 @@ static cxr__seal_cli *cli_get(cxr_conn *c, int *rc) {
   return k;
 }
 
-/* Seals whose call ended while the server still held them: released once it is done. */
+/* Ends a seal whose call is over: released if the server marked it done, cancelled if it
+ * never checked it (or its check failed). CXR_EPERM while the server holds it. */
+static int end_seal(cxr__seal_cli *k, cxr_seal_id id) {
+  int rc = cxr_seal_table_release(k->t, id);
+  return rc == CXR_EAGAIN ? cxr_seal_table_cancel(k->t, id) : rc;
+}
+
+static bool has_orphans(cxr__seal_cli *k) {
+  return __atomic_load_n(&k->norphans, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* Seals whose call ended while the server still held them: ended once it lets go. */
 static void retry_orphans(cxr__seal_cli *k) {
   pthread_mutex_lock(&k->mu);
   for (unsigned i = 0; i < k->norphans;) {
-    int rc = cxr_seal_table_release(k->t, k->orphans[i]);
+    int rc = end_seal(k, k->orphans[i]);
     if (rc == CXR_EPERM) {
       i++;
       continue;
     }
-    k->orphans[i] = k->orphans[--k->norphans];
+    if (rc) CXR_DEBUG("seal: end of %u: %s", k->orphans[i], cxr_strerror(rc));
+    k->orphans[i] = k->orphans[k->norphans - 1];
+    __atomic_store_n(&k->norphans, k->norphans - 1, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&k->mu);
+}
+
+/* Keeps a seal the server still holds, to end later. Caller holds mu. */
+static void add_orphan(cxr__seal_cli *k, cxr_seal_id id) {
+  if (k->norphans == k->cap) {
+    unsigned cap = k->cap ? 2 * k->cap : 64;
+    cxr_seal_id *o = realloc(k->orphans, cap * sizeof *o);
+    if (!o) {
+      CXR_WARN("seal: no memory to keep seal %u the server holds; its pages stay read-only", id);
+      return;
+    }
+    k->orphans = o;
+    k->cap = cap;
+  }
+  k->orphans[k->norphans] = id;
+  __atomic_store_n(&k->norphans, k->norphans + 1, __ATOMIC_RELEASE);
 }
 
 int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal) {
@@ -279,7 +311,7 @@ int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal) {
   int rc = 0;
   cxr__seal_cli *k = cli_get(c, &rc);
   if (!k) return rc;
-  if (k->norphans) retry_orphans(k);
+  if (has_orphans(k)) retry_orphans(k);
   cxr_seal_id id;
   rc = cxr_seal_table_seal(k->t, args, len, &id);
   if (!rc) *seal = id;
@@ -289,12 +321,10 @@ int cxr__call_seal(cxr_conn *c, const void *args, size_t len, uint32_t *seal) {
 void cxr__call_release(cxr_conn *c, uint32_t seal) {
   cxr__seal_cli *k = __atomic_load_n(&c->seal, __ATOMIC_ACQUIRE);
   if (!k || !seal) return;
-  int rc = cxr_seal_table_release(k->t, seal);
-  if (rc == CXR_EAGAIN) rc = cxr_seal_table_cancel(k->t, seal); /* never reached the server */
-  if (rc == CXR_EPERM) {                                       /* still in the server's hands */
+  int rc = end_seal(k, seal);
+  if (rc == CXR_EPERM) { /* still in the server's hands */
     pthread_mutex_lock(&k->mu);
-    if (k->norphans < sizeof k->orphans / sizeof k->orphans[0]) k->orphans[k->norphans++] = seal;
-    else CXR_WARN("seal: too many seals held by the server; pages stay read-only");
+    add_orphan(k, seal);
     pthread_mutex_unlock(&k->mu);
   } else if (rc) {
     CXR_DEBUG("seal: release of %u: %s", seal, cxr_strerror(rc));
@@ -305,7 +335,7 @@ int cxr_conn_seal_flush(cxr_conn *c) {
   if (!c) return CXR_EINVAL;
   cxr__seal_cli *k = __atomic_load_n(&c->seal, __ATOMIC_ACQUIRE);
   if (!k) return 0;
-  if (k->norphans) retry_orphans(k);
+  if (has_orphans(k)) retry_orphans(k);
   return cxr_seal_table_flush(k->t);
 }
 
@@ -328,6 +358,7 @@ void cxr__seal_conn_close(cxr_conn *c) {
     for (unsigned i = 0; i < k->norphans; i++) cxr_seal_table_release(k->t, k->orphans[i]);
   }
   cxr_seal_table_close(k->t); /* sweeps pending releases */
+  free(k->orphans);
   pthread_mutex_destroy(&k->mu);
   free(k);
   c->seal = NULL;

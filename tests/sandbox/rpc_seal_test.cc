@@ -10,6 +10,7 @@
 #include <seccomp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -24,7 +25,7 @@
 
 namespace {
 
-enum { M_SUM = 1, M_POKE = 2, M_FOLLOW = 3, M_OPEN = 4 };
+enum { M_SUM = 1, M_POKE = 2, M_FOLLOW = 3, M_OPEN = 4, M_HOLD = 5 };
 
 // Tries to open a file from the handler: 0 if it could, else -errno.
 int h_open(cxr_call *call, const void *args, void **result, void *user) {
@@ -35,6 +36,14 @@ int h_open(cxr_call *call, const void *args, void **result, void *user) {
 }
 
 std::atomic<int> g_handler_check{-1}, g_handler_write{-1};
+
+// Holds its (sealed) argument until the test lets go, at most 10 s.
+std::atomic<int> g_held{0}, g_let_go{0};
+int h_hold(cxr_call *call, const void *args, void **result, void *user) {
+  g_held = 1;
+  for (int i = 0; i < 100000 && !g_let_go; i++) usleep(100);
+  return 0;
+}
 
 // Sums the bytes of the sealed argument; records whether the seal covers them and whether
 // the argument is read-only while the handler runs.
@@ -87,12 +96,26 @@ int files_named(const std::string &dir, const std::string &part) {
   return n;
 }
 
+// A descriptor claiming CXR_CALL_SEAL with `seal` for 64 bytes at p (raw ring access: what
+// a hostile client could write).
+cxr__desc sealed_desc(uint64_t call_id, uint32_t method, uint32_t seal, const void *p) {
+  cxr__desc d;
+  memset(&d, 0, sizeof d);
+  d.call_id = call_id;
+  d.method = method;
+  d.flags = CXR_CALL_SEAL;
+  d.seal = seal;
+  d.ptr = (uint64_t)(uintptr_t)p;
+  d.len = 64;
+  return d;
+}
+
 struct RpcSeal : ::testing::Test {
   std::string name, root;
   cxr_channel *ch = nullptr;
   cxr_conn *c = nullptr;
   // An open channel with the handlers registered, not started.
-  void open_channel(bool untrusted, const char *batch) {
+  void open_channel(bool untrusted, const char *batch, unsigned workers = 1) {
     static int n;
     root = cxrt::setup_root("rpcseal");
     if (batch) setenv("CXRPC_SEAL_BATCH", batch, 1);
@@ -104,13 +127,15 @@ struct RpcSeal : ::testing::Test {
     o.conn_heap_size = 8u << 20;
     o.max_conns = 4;
     o.pool = 1;
+    o.workers = workers;
     ASSERT_EQ(cxr_channel_open(&ch, name.c_str(), &o), 0);
     ASSERT_EQ(cxr_channel_on(ch, M_SUM, h_sum, nullptr), 0);
     ASSERT_EQ(cxr_channel_on(ch, M_FOLLOW, h_follow, nullptr), 0);
     ASSERT_EQ(cxr_channel_on(ch, M_OPEN, h_open, nullptr), 0);
+    ASSERT_EQ(cxr_channel_on(ch, M_HOLD, h_hold, nullptr), 0);
   }
-  void open(bool untrusted, const char *batch) {
-    open_channel(untrusted, batch);
+  void open(bool untrusted, const char *batch, unsigned workers = 1) {
+    open_channel(untrusted, batch, workers);
     ASSERT_EQ(cxr_channel_start(ch), 0);
     ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
   }
@@ -186,14 +211,7 @@ TEST_F(RpcSeal, FalseSealClaimIsRejected) {
   // hostile client could write).
   unsigned char *a = (unsigned char *)cxr_heap_alloc_pages(cxr_conn_heap(c), 4096);
   ASSERT_NE(a, nullptr);
-  cxr__desc d;
-  memset(&d, 0, sizeof d);
-  d.call_id = (1ull << 32) | 0;
-  d.method = M_SUM;
-  d.flags = CXR_CALL_SEAL;
-  d.seal = (1u << 20) | 3;
-  d.ptr = (uint64_t)(uintptr_t)a;
-  d.len = 64;
+  cxr__desc d = sealed_desc((1ull << 32) | 0, M_SUM, (1u << 20) | 3, a);
   ASSERT_EQ(cxr__conn_push_raw(c, &d), 0);
   cxr__desc r;
   ASSERT_EQ(cxr__conn_pop_raw(c, &r, 5000000000ll), 0);
@@ -293,6 +311,34 @@ TEST_F(RpcSeal, AWorkerTheKernelWillNotRestrictRefusesUntrustedCalls) {
   uint64_t sum = 0;
   EXPECT_EQ(call_sum(a, 1, &sum, 0), CXR_EPERM);  // not run with the process's rights
   EXPECT_EQ(call_sum(a, 1, &sum, 0), CXR_EPERM);  // nor on the next try
+}
+
+// A seal the server held when its call ended, and which it then lets go of without marking
+// it done (here: a late check under another id of its slot, done as that id), is
+// cancelled at the next retry, not forgotten with its pages read-only and its slot taken.
+TEST_F(RpcSeal, AHeldSealTheServerLetsGoOfUndoneIsCancelled) {
+  open(false, "1", 2);
+  unsigned char *a = (unsigned char *)cxr_heap_alloc_pages(cxr_conn_heap(c), 4096);
+  ASSERT_NE(a, nullptr);
+  // A descriptor naming slot 0 (the next seal's) under a generation of its own, for pages
+  // made read-only by hand: the server checks it and holds the slot while the handler runs.
+  ASSERT_EQ(mprotect(a, 4096, PROT_READ), 0);
+  g_held = 0, g_let_go = 0;
+  cxr__desc d = sealed_desc((77ull << 32) | 5, M_HOLD, (100u << 20) | 0, a);
+  ASSERT_EQ(cxr__conn_push_raw(c, &d), 0);
+  for (int i = 0; i < 100000 && !g_held; i++) usleep(100);
+  ASSERT_TRUE(g_held.load());
+  uint64_t sum = 0;
+  EXPECT_EQ(call_sum(a, 1, &sum), CXR_EBUSY);  // slot 0 is the server's: the seal is kept
+  g_let_go = 1;
+  cxr__desc r;
+  ASSERT_EQ(cxr__conn_pop_raw(c, &r, 5000000000ll), 0);
+  EXPECT_EQ(r.status, 0);
+  ASSERT_EQ(cxr_conn_seal_flush(c), 0);  // retries the kept seal: never done, so cancelled
+  EXPECT_EQ(cxr_sandbox_run(store_one, a), 0) << "the kept seal's pages stay read-only";
+  cxr_seal_stats st;
+  ASSERT_EQ(cxr_conn_seal_stats(c, &st), 0);
+  EXPECT_EQ(st.live, 0u);
 }
 
 TEST_F(RpcSeal, ReconnectGetsAFreshTable) {
