@@ -223,6 +223,17 @@ int cxr_call_check_sealed(cxr_call *call, const void *p, size_t len) {
 
 /* ---- client ---- */
 
+/* $CXRPC_SEAL_BATCH, clamped to what a table takes (a larger one made every sealed call of
+ * the connection fail with CXR_EINVAL); the default when unset or not a positive number. */
+static unsigned batch_from_env(void) {
+  cxr_seal_opts o;
+  cxr_seal_opts_init(&o);
+  const char *b = getenv("CXRPC_SEAL_BATCH");
+  long long v = b ? atoll(b) : 0;
+  if (v <= 0) return o.release_batch;
+  return v > CXR_SEAL_SLOTS_MAX ? CXR_SEAL_SLOTS_MAX : (unsigned)v;
+}
+
 static int cli_attach(cxr_conn *c, cxr__seal_cli *k) {
   uint32_t n = CXR__LD(&c->slot->seal_fd);
   if (n == 0) return CXR_ENOSYS; /* the server has no table for this slot */
@@ -232,8 +243,7 @@ static int cli_attach(cxr_conn *c, cxr__seal_cli *k) {
   if (fd < 0) return errno == ENOENT ? CXR_EPEERDEAD : cxr__from_errno(errno);
   cxr_seal_opts o;
   cxr_seal_opts_init(&o);
-  const char *b = getenv("CXRPC_SEAL_BATCH");
-  if (b && atoi(b) > 0) o.release_batch = (unsigned)atoi(b);
+  o.release_batch = batch_from_env();
   int rc = cxr_seal_table_attach(&k->t, fd, &o);
   close(fd);
   return rc;

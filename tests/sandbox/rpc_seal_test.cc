@@ -143,6 +143,16 @@ struct RpcSeal : ::testing::Test {
     cxr_conn_close(c);
     cxr_channel_close(ch);
   }
+  // A sealed call on a fresh page holding v: the handler sums it.
+  void sum_one_page(unsigned char v) {
+    unsigned char *a = (unsigned char *)cxr_heap_alloc_pages(cxr_conn_heap(c), 4096);
+    ASSERT_NE(a, nullptr);
+    a[0] = v;
+    uint64_t sum = 0;
+    ASSERT_EQ(call_sum(a, 1, &sum), 0);
+    EXPECT_EQ(sum, v);
+    cxr_heap_free(cxr_conn_heap(c), a);
+  }
   int call_sum(void *args, size_t len, uint64_t *out, unsigned flags = CXR_CALL_SEAL) {
     cxr_call_opts o;
     cxr_call_opts_init(&o);
@@ -195,6 +205,14 @@ TEST_F(RpcSeal, BatchedReleaseKeepsPagesReadOnlyUntilTheSweep) {
   ASSERT_EQ(call_sum(p[0], 1, &sum), 0);
   ASSERT_EQ(cxr_conn_seal_flush(c), 0);
   EXPECT_EQ(cxr_sandbox_run(store_one, p[0]), 0);
+}
+
+TEST_F(RpcSeal, AnOversizedBatchIsClampedNotRefused) {
+  open(false, "2000000");  // over what a table takes (2^20)
+  ASSERT_NO_FATAL_FAILURE(sum_one_page(5));
+  cxr_seal_stats st;
+  ASSERT_EQ(cxr_conn_seal_stats(c, &st), 0);
+  EXPECT_EQ(st.pending, 1u);  // batched, not swept at once
 }
 
 TEST_F(RpcSeal, ArgumentsMustStartOnAPage) {
@@ -344,13 +362,7 @@ TEST_F(RpcSeal, AHeldSealTheServerLetsGoOfUndoneIsCancelled) {
 TEST_F(RpcSeal, ReconnectGetsAFreshTable) {
   open(false, "1");
   for (int i = 0; i < 5; i++) {
-    unsigned char *a = (unsigned char *)cxr_heap_alloc_pages(cxr_conn_heap(c), 4096);
-    ASSERT_NE(a, nullptr);
-    a[0] = 9;
-    uint64_t sum = 0;
-    ASSERT_EQ(call_sum(a, 1, &sum), 0);
-    EXPECT_EQ(sum, 9u);
-    cxr_heap_free(cxr_conn_heap(c), a);
+    ASSERT_NO_FATAL_FAILURE(sum_one_page(9));
     cxr_conn_close(c);
     c = nullptr;
     cxr_conn_opts co;  // a pool of 1: wait (up to 20 s) for the server to recycle the slot
