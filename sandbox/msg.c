@@ -74,8 +74,9 @@ int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns) {
       memcpy(&fds[nfds++], CMSG_DATA(c) + j * sizeof(int), sizeof(int));
   }
   int got = nfds == 1 ? fds[0] : -1;
-  if (n != (ssize_t)sizeof *m || m->magic != CXR__CXRPCD_MAGIC || (mh.msg_flags & MSG_CTRUNC) ||
-      nfds > 1) {
+  /* MSG_TRUNC: a longer message was cut to our size; whatever it was, it is not ours. */
+  if (n != (ssize_t)sizeof *m || m->magic != CXR__CXRPCD_MAGIC ||
+      (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || nfds > 1) {
     for (int j = 0; j < nfds; j++) close(fds[j]);
     return CXR_EPROTO;
   }

@@ -421,3 +421,23 @@ TEST(Supervisor, AClientThatNeverReadsItsRepliesDoesNotStopTheSupervisor) {
   close(c);
   stop_supervisor(&sup);
 }
+
+TEST(Supervisor, AMessageLongerThanTheProtocolsIsRefused) {
+  // A SEQPACKET message is cut to the reader's buffer (MSG_TRUNC): a valid head followed by
+  // anything must not pass for a request or reply.
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  struct {
+    cxr__cxrpcd_msg m;
+    char tail[8];
+  } big = {};
+  big.m.magic = CXR__CXRPCD_MAGIC;
+  big.m.type = CXR__MSG_REPLY;
+  ASSERT_EQ(send(sv[0], &big, sizeof big, MSG_NOSIGNAL), (ssize_t)sizeof big);
+  cxr__cxrpcd_msg r;
+  EXPECT_EQ(cxr__msg_recv(sv[1], &r, nullptr, 1000000000ll), CXR_EPROTO);
+  ASSERT_EQ(send(sv[0], &big.m, sizeof big.m, MSG_NOSIGNAL), (ssize_t)sizeof big.m);
+  EXPECT_EQ(cxr__msg_recv(sv[1], &r, nullptr, 1000000000ll), 0);  // the exact size passes
+  close(sv[0]);
+  close(sv[1]);
+}
