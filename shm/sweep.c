@@ -29,13 +29,14 @@ typedef struct peek {
   bool ok;
 } peek;
 
-/* Reads a heap file's holders and usage without joining it (mapped anywhere, read-only). */
-static void peek_heap(const cxr__reg_entry *e, peek *pk) {
+/* Reads the holders and usage of the heap file at `path` without joining it (mapped
+ * anywhere, read-only); pk->ok when its header is a heap's (and entry e's, given e). */
+static void peek_path(const char *path, const cxr__reg_entry *e, peek *pk) {
   memset(pk, 0, sizeof *pk);
   /* Any process of the pod can write the registry, path included: a FIFO named there
    * blocked this open (no O_NONBLOCK) for good, with the registry lock held (a review,
    * 2026-11-28). Only a regular file or a device is looked at. */
-  int fd = open(e->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return;
   struct stat st;
   cxr__hdr hdr;
@@ -64,13 +65,28 @@ static void peek_heap(const cxr__reg_entry *e, peek *pk) {
   close(fd);
 }
 
+static void peek_heap(const cxr__reg_entry *e, peek *pk) { peek_path(e->path, e, pk); }
+
 bool cxr__is_device(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 && !S_ISREG(st.st_mode);
 }
 
+/* Whether a regular file no entry names may go: one whose header is not a heap's (a
+ * creator died before writing it), or a heap no live process holds. Any process of the pod
+ * can rewrite an entry's path, which made a live channel's heap a "stray" that the next
+ * listing (cxrpcctl channels) removed (a review, 2026-11-28). */
+static bool stray_unused(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  peek pk;
+  peek_path(path, NULL, &pk);
+  return !pk.ok || pk.live == 0;
+}
+
 /* Heap files in the root that no entry names: left by a creator that died between
- * creating the file and registering it. Safe under the registry lock (creation holds it). */
+ * creating the file and registering it, or by a process that died holding a heap it had
+ * unlinked. Safe under the registry lock (creation holds it). */
 static void sweep_strays(cxr__reg *r) {
   const char *root = cxr_root();
   DIR *d = root ? opendir(root) : NULL;
@@ -86,7 +102,7 @@ static void sweep_strays(cxr__reg *r) {
     bool named = false;
     for (unsigned i = 0; i < CXR_REG_ENTRIES && !named; i++)
       named = r->f->e[i].used && strcmp(r->f->e[i].path, path) == 0;
-    if (!named) {
+    if (!named && stray_unused(path)) {
       CXR_INFO("removing stray heap file %s", path);
       unlink(path);
     }

@@ -1,6 +1,7 @@
 /* `cxrpcctl channels`: one line per channel: server, liveness, permissions, connections,
- * the ready pool, and connect/disconnect/reclaim totals. Reads only; never disturbs the
- * server (the counters live in the channel's control heap). */
+ * the ready pool, and connect/disconnect/reclaim totals. Never disturbs the server (the
+ * counters live in the channel's control heap); listing the registry sweeps it, as every
+ * registry listing does (heaps marked for removal that nobody holds, stray files). */
 #include "tools/channels.h"
 
 #include <stdlib.h>

@@ -499,6 +499,25 @@ TEST(Heap, ARegistryEntryNamingAFifoOrAnotherFileNeitherHangsNorRemovesIt) {
   unlink((g_root + "/" + b + ".heap").c_str());
 }
 
+TEST(Heap, ALiveHeapWhoseEntryNamesAnotherPathIsNoStray) {
+  // Any process of the pod can rewrite an entry's path. The live heap's file, named by no
+  // entry then, was removed as a stray by the next sweep (cxrpcctl channels lists, and a
+  // listing sweeps): a live channel vanished (a review, 2026-11-28). A stray goes now only
+  // when no live process holds it (or it is no heap at all).
+  std::string a = uniq("renamed");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, a.c_str(), 2 << 20, nullptr), 0);
+  std::string file = g_root + "/" + a + ".heap";
+  ASSERT_TRUE(forge_registry_entry(a, g_root + "/elsewhere.heap", false));
+  size_t n = 0;
+  EXPECT_EQ(cxr_registry_list(nullptr, 0, &n), 0);
+  EXPECT_EQ(access(file.c_str(), F_OK), 0) << "the sweep removed a live heap's file";
+  ASSERT_TRUE(forge_registry_entry(a, file, false));
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(a.c_str()), 0);
+  EXPECT_NE(access(file.c_str(), F_OK), 0);
+}
+
 extern "C" int64_t cxr__reg_wait_ns;  // shm/registry.h: how long the registry's flock is awaited
 
 TEST(Heap, ARegistryLockNobodyReleasesCostsAnErrorNotAHang) {
