@@ -1,5 +1,6 @@
 /* Inspection from outside the serving process (cxrpcctl channels / conns): maps the
- * channel's control heap and copies its counters; never writes to it. */
+ * channel's control heap and copies its counters; never writes its contents (opening it
+ * makes this process one of the heap's holders). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +19,29 @@ static const char *state_name(unsigned st) {
   }
 }
 
+/* A name copied for printing: any process of the pod can write the registry and the
+ * channel's block, and cxrpcctl prints what they say on a terminal (escape sequences). */
+static void copy_printable(char *dst, const char *src, size_t cap) {
+  size_t i = 0;
+  for (; i + 1 < cap && src[i] != '\0'; i++)
+    dst[i] = src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+  dst[i] = '\0';
+}
+
+/* How long ago `then` was; 0 for a time in the future or none (a block's times are
+ * anyone's to write: now - then overflowed, undefined behaviour). */
+static int64_t age_since(int64_t now, int64_t then) {
+  return then > 0 && then <= now ? now - then : 0;
+}
+
 /* max_conns: the block's, as open_block checked it (the block is writable by every user of
- * the channel, so its fields are not read again as a bound). */
-static void fill_info(const cxr__chan_block *cb, unsigned max_conns, cxr_channel_info *info) {
+ * the channel, so its fields are not read again as a bound). The name is the one the
+ * channel's heap is registered under, not the block's own: one block could claim another
+ * channel's name and shadow it. */
+static void fill_info(const char *name, const cxr__chan_block *cb, unsigned max_conns,
+                      cxr_channel_info *info) {
   memset(info, 0, sizeof *info);
-  memcpy(info->name, cb->name, sizeof cb->name);
-  info->name[CXR__CHAN_NAME_MAX] = '\0';
+  copy_printable(info->name, name, sizeof info->name);
   info->server_pid = cb->server_pid;
   cxr__proc_id id = {.pid = cb->server_pid, .start_time = cb->server_start, .host = cb->server_host};
   info->open = CXR__LD(&cb->state) == CXR__CHAN_OPEN;
@@ -37,7 +55,7 @@ static void fill_info(const cxr__chan_block *cb, unsigned max_conns, cxr_channel
   info->disconnects = CXR__LDX(&cb->disconnects);
   info->reclaimed = CXR__LDX(&cb->reclaimed);
   info->created = CXR__LDX(&cb->created);
-  info->age_ns = cxr_now_ns() - cb->opened_ns;
+  info->age_ns = age_since(cxr_now_ns(), CXR__LDX(&cb->opened_ns));
   for (unsigned k = 0; k < max_conns; k++) {
     unsigned st = cxr__owner_state(CXR__LD(&cb->slots[k].owner));
     if (st == CXR__SLOT_READY) info->ready++;
@@ -87,7 +105,7 @@ int cxr_channel_list(cxr_channel_info *out, size_t max, size_t *n) {
     const cxr__chan_block *cb;
     unsigned slots;
     if (open_block(heaps[i].name, &h, &cb, &slots) != 0) continue;
-    if (*n < max) fill_info(cb, slots, &out[*n]);
+    if (*n < max) fill_info(heaps[i].name + 3, cb, slots, &out[*n]);
     (*n)++;
     cxr_heap_close(h);
   }
@@ -106,7 +124,7 @@ int cxr_channel_inspect(const char *name, cxr_channel_info *info, cxr_conn_info 
   unsigned slots;
   int rc = open_block(heap_name, &h, &cb, &slots);
   if (rc != 0) return rc;
-  if (info) fill_info(cb, slots, info);
+  if (info) fill_info(name, cb, slots, info);
   size_t count = 0;
   int64_t now = cxr_now_ns();
   for (unsigned k = 0; k < slots; k++) {
@@ -125,11 +143,11 @@ int cxr_channel_inspect(const char *name, cxr_channel_info *info, cxr_conn_info 
         cxr__proc_id id = {.pid = ci->client_pid, .start_time = CXR__LDX(&s->client_start),
                            .host = cb->server_host};
         ci->client_alive = id.start_time ? cxr__proc_alive(&id) : true;
-        int64_t since = CXR__LDX(&s->since_ns);
-        ci->age_ns = since ? now - since : 0;
+        ci->age_ns = age_since(now, CXR__LDX(&s->since_ns));
       }
-      memcpy(ci->heap, s->heap, sizeof ci->heap);
-      ci->heap[CXR_NAME_MAX] = '\0';
+      char heap[sizeof s->heap + 1] = {0};
+      memcpy(heap, s->heap, sizeof s->heap);
+      copy_printable(ci->heap, heap, sizeof ci->heap);
       ci->calls = CXR__LDX(&s->srv.calls);
       ci->errors = CXR__LDX(&s->srv.errors);
       ci->bytes_in = CXR__LDX(&s->srv.bytes_in);

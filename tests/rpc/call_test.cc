@@ -1143,6 +1143,39 @@ TEST_F(Call, InspectSeesTheChannelFromOutside) {
   EXPECT_TRUE(k.client_alive);
 }
 
+TEST_F(Call, InspectTrustsNeitherTheBlocksNameNorItsTimes) {
+  // Every user of a channel can write its control block, and cxrpcctl prints what inspect
+  // copies. A block naming another channel shadowed it, escape bytes went to the terminal,
+  // and a time ahead of now overflowed the age (undefined behaviour: UBSan traps on it).
+  Ctl ctl(name);
+  ASSERT_NE(ctl.cb, nullptr);
+  int k = ctl.slot_of(c);
+  ASSERT_GE(k, 0);
+  char saved[sizeof ctl.cb->name];
+  memcpy(saved, ctl.cb->name, sizeof saved);
+  int64_t opened = ctl.cb->opened_ns, since = ctl.cb->slots[k].since_ns;
+  snprintf(ctl.cb->name, sizeof ctl.cb->name, "other\x1b[2J");
+  char heap[sizeof ctl.cb->slots[k].heap];
+  memcpy(heap, ctl.cb->slots[k].heap, sizeof heap);
+  ctl.cb->slots[k].heap[0] = '\x1b';
+  ctl.cb->opened_ns = INT64_MAX;
+  ctl.cb->slots[k].since_ns = INT64_MIN + 1;
+  cxr_channel_info ci;
+  cxr_conn_info ki[8];
+  size_t n = 0;
+  EXPECT_EQ(cxr_channel_inspect(name.c_str(), &ci, ki, 8, &n), 0);
+  EXPECT_EQ(std::string(ci.name), name);
+  EXPECT_EQ(ci.age_ns, 0);
+  for (size_t i = 0; i < n && i < 8; i++) {
+    EXPECT_GE(ki[i].age_ns, 0);
+    for (const char *p = ki[i].heap; *p; p++) EXPECT_GE((unsigned char)*p, 0x20u);
+  }
+  memcpy(ctl.cb->name, saved, sizeof saved);
+  memcpy(ctl.cb->slots[k].heap, heap, sizeof heap);
+  ctl.cb->opened_ns = opened;
+  ctl.cb->slots[k].since_ns = since;
+}
+
 TEST_F(Call, PermissionsDecideWhoConnects) {
   if (getuid() != 0) GTEST_SKIP() << "needs root to switch to another user";
   std::string path = peer_path();
