@@ -696,6 +696,16 @@ static int ops_done(cxr_rdma_ep *ep, int64_t deadline) {
   return atomic_load(&ep->open_ops);
 }
 
+static bool idle(cxr_rdma_ep *ep, void *unused) {
+  return atomic_load(&ep->open_ops) == 0 && atomic_load(&ep->open_sends) == 0;
+}
+
+/* Same for one-sided ops and messages (sends, posts) together: true once none is left. */
+static bool all_done(cxr_rdma_ep *ep, int64_t deadline) {
+  progress_until(ep, idle, NULL, deadline);
+  return idle(ep, NULL);
+}
+
 /* Another thread took the handle out and is closing it: wait (bounded) until it is closed. */
 static void wait_closed(cxr_rdma_ep *ep, int64_t deadline) {
   while (atomic_load(&ep->uclose) == 1 && cxr_now_ns() < deadline) {
@@ -733,19 +743,26 @@ static void rkeys_destroy(cxr_rdma_ep *ep) {
 
 /* Closes a handle taken out of its endpoint (NULL: none, or another thread's close under
  * way), then frees the endpoint, its remote keys first. A flush to a silent peer could take
- * forever: the close is bounded (200 ms), and a failed endpoint is force-closed. */
+ * forever: the close is bounded (200 ms), and a failed endpoint is force-closed. So is one
+ * with messages still pending (ep_destroy gave them their wait): the data of a send that
+ * timed out is the caller's, who may free it once the close returns, and a graceful close
+ * abandoned at its bound left the send with UCX, which read the data when the peer resumed
+ * (a buffer made inaccessible then: UCX 1.13 aborted in tcp_ep.c; rdma_test). A force close
+ * cancels every request on the handle; their callbacks, awaited below, end UCX's use of the
+ * data. */
 static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
   rkeys_destroy(ep);
   if (u) {
-    int rc = close_uep(ep, u, atomic_load(&ep->status) != 0, cxr_now_ns() + 200000000);
+    bool force = atomic_load(&ep->status) != 0 || atomic_load(&ep->open_sends) != 0;
+    int rc = close_uep(ep, u, force, cxr_now_ns() + 200000000);
     if (rc == CXR_ETIMEDOUT) CXR_DEBUG("rdma: close of %s did not finish", ep->host);
   } else {
     wait_closed(ep, cxr_now_ns() + 1100000000);  /* a missed deadline's close under way */
   }
-  /* The close cancels what was left; an op's callback still to come would count down in
-   * freed memory: keep the endpoint then (not seen; the close is bounded at 1 s). */
-  if (ops_done(ep, cxr_now_ns() + 100000000) != 0) {
-    CXR_WARN("rdma: one-sided ops to %s outlived the endpoint's close; its memory is kept",
+  /* The close cancels what was left; a callback still to come would count down in freed
+   * memory: keep the endpoint then (not seen; the close is bounded at 1 s). */
+  if (!all_done(ep, cxr_now_ns() + 100000000)) {
+    CXR_WARN("rdma: requests to %s outlived the endpoint's close; its memory is kept",
              ep->host);
     return;
   }
@@ -783,11 +800,17 @@ static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
            "parked until they finish or the engine closes", ep->host);
 }
 
+/* A live endpoint's one-sided ops and messages get one bounded wait (200 ms) together.
+ * Ops left after it park the endpoint, unless messages are left too: a parked endpoint's
+ * handle stays open, and UCX would go on reading the caller's data after the close
+ * returned, so the force close (ep_close_free) wins then, at the cost the parking avoids
+ * (a resumed target may abort on the cancelled ops). */
 static void ep_destroy(cxr_rdma_ep *ep) {
   cxr__eps_unpark(ep->r, 0);  /* parked endpoints whose ops finished meanwhile */
   ep_unlink(ep);
   ucp_ep_h u = take_uep(ep);
-  if (u && atomic_load(&ep->status) == 0 && ops_done(ep, cxr_now_ns() + 200000000) != 0) {
+  if (u && atomic_load(&ep->status) == 0 && !all_done(ep, cxr_now_ns() + 200000000) &&
+      atomic_load(&ep->open_sends) == 0) {
     ep_park(ep, u);
     return;
   }

@@ -83,6 +83,8 @@ struct cxr_rdma_ep {
   pthread_rwlock_t ulock;
   atomic_int uclose;    /* 0 open, 1 its handle is being closed, 2 closed */
   atomic_int open_ops;  /* one-sided ops posted on the handle that UCX has not finished (mem.c) */
+  atomic_int open_sends; /* messages posted on the handle that UCX has not finished (worker.c,
+                            am_send): UCX may read their data, the caller's, until then */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */
@@ -200,7 +202,8 @@ typedef struct rdma_op {
   void *owned;        /* caller's buffer handed over with the send, freed with the op */
   void (*owned_free)(void *);  /* how (NULL: free); runs inside a UCX callback, so it must
                                   not call UCX */
-  atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops) */
+  atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops or
+                         open_sends) */
   cxr_rdma *keep;     /* set: ended with an error, the op is parked on keep->graves, not freed */
   struct rdma_op *next;  /* on keep->graves */
 } rdma_op;

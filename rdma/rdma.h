@@ -89,10 +89,12 @@ const char *cxr_rdma_ep_host(const cxr_rdma_ep *ep);
  * cxr_rdma_defer (which runs work on the progress thread). */
 int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *ep, int err, void *user),
                          void *user);
-/* Closes the endpoint (bounded: 200 ms for one-sided ops still pending, then 200 ms for the
- * close). One whose ops do not finish, a silent target, is parked on the engine, its UCX
- * handle open, until they do (the next endpoint close then closes it) or cxr_rdma_close;
- * for the caller it is gone either way. */
+/* Closes the endpoint (bounded: 200 ms for one-sided ops and messages still pending, then
+ * 200 ms for the close). One whose ops do not finish, a silent target, is parked on the
+ * engine, its UCX handle open, until they do (the next endpoint close then closes it) or
+ * cxr_rdma_close; for the caller it is gone either way. Messages still pending after the
+ * wait are cancelled instead (the endpoint is force-closed, not parked): once the close
+ * returns, UCX no longer reads the data of any send or post made on the endpoint. */
 void cxr_rdma_ep_close(cxr_rdma_ep *ep);
 /* Forgets what the directory knows about a host and closes its pooled endpoints (its next
  * connect is cold). */
@@ -109,12 +111,14 @@ typedef void (*cxr_rdma_am_fn)(cxr_rdma_msg *m, void *user);
 /* id in [CXR_RDMA_AM_USER_MIN, CXR_RDMA_AM_MAX]. fn NULL removes the handler. */
 int cxr_rdma_am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user);
 /* Sends header (<= 1 KiB) and the data gathered from iov; returns once UCX no longer needs
- * the buffers, or at the deadline (absolute; 0 = 2 s). CXR_EFULL: the receiver refused a
- * large (rendezvous) message: above its msg_max or past its queue_max. */
+ * the buffers, or at the deadline (absolute; 0 = 2 s). After CXR_ETIMEDOUT the send goes on:
+ * the data buffers are the caller's again once cxr_rdma_ep_close returns (which cancels the
+ * send if it is still pending). CXR_EFULL: the receiver refused a large (rendezvous)
+ * message: above its msg_max or past its queue_max. */
 int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov, int64_t deadline_ns);
 /* Same, without waiting: the header is copied, the data must stay valid until the
- * message is sent (or the endpoint is closed). */
+ * message is sent, or until cxr_rdma_ep_close returns. */
 int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov);
 /* Answers a message on the endpoint it came from. Same contract as cxr_rdma_am_send. */

@@ -551,7 +551,16 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
     op_free(op);
     return rc;
   }
+  /* Counted on the endpoint until UCX is done with it, as one-sided ops are: closing the
+   * endpoint ends a send still pending, so that UCX never reads the caller's data after
+   * the close returns (ep.c, ep_destroy). Without a request there is no callback to count
+   * it down. */
+  if (ep) {
+    atomic_fetch_add(&ep->open_sends, 1);
+    op->open = &ep->open_sends;
+  }
   ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
+  if (ep && (sp == NULL || UCS_PTR_IS_ERR(sp))) atomic_fetch_sub(&ep->open_sends, 1);
   if (ep) cxr__ep_unuse(ep);
   if (!wait) {
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {

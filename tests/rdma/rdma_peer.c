@@ -7,10 +7,16 @@
  *     connect HOST:PORT MS   -> "ok" | "err <code> <ms taken>"
  *     ping MS                -> "ok" | "timeout" | "err <code>"   (echo within MS)
  *     fadd                   -> "ok <old>" | "err <code>"         (on "mem" word 0)
- *     watch MS               -> "status <code>" (pings until the endpoint fails or MS) */
+ *     watch MS               -> "status <code>" (pings until the endpoint fails or MS)
+ *     sendgone BYTES MS      -> "closed <send code> <close ms>": sends BYTES (message 20)
+ *                               with an MS deadline, closes the endpoint, then drops the
+ *                               buffer's pages (MADV_DONTNEED: the caller let it go)
+ *     touched                -> "touched <pages>": pages of that buffer read or written
+ *                               since (resident again, mincore) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <stdatomic.h>
@@ -28,6 +34,39 @@ static void echo(cxr_rdma_msg *m, void *user) {
 static _Atomic int echoes;
 static void on_echo(cxr_rdma_msg *m, void *user) { echoes++; }
 
+/* sendgone: sends a buffer with a deadline, closes the endpoint and drops the buffer's pages.
+ * Nothing of ours touches it again, so a page resident afterwards was touched by UCX (a
+ * read faults in the zero page). Returns the send's code; *ms gets how long the close took. */
+static char *gone;
+static size_t gone_len;
+
+static int send_and_close(cxr_rdma_ep *ep, size_t bytes, long deadline_ms, long *ms) {
+  gone = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (gone == MAP_FAILED) {
+    gone = NULL;
+    return CXR_ENOMEM;
+  }
+  gone_len = bytes;
+  memset(gone, 0x5a, bytes);
+  struct iovec iov = {gone, bytes};
+  int rc = cxr_rdma_am_send(ep, 20, "g", 1, &iov, 1, cxr_now_ns() + deadline_ms * 1000000);
+  int64_t t0 = cxr_now_ns();
+  cxr_rdma_ep_close(ep);
+  *ms = (long)((cxr_now_ns() - t0) / 1000000);
+  madvise(gone, bytes, MADV_DONTNEED);
+  return rc;
+}
+
+static long touched(void) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (gone_len + pg - 1) / pg;
+  unsigned char *v = malloc(n ? n : 1);
+  long t = 0;
+  if (gone == NULL || v == NULL || mincore(gone, gone_len, v) != 0) t = -1;
+  for (size_t i = 0; t >= 0 && i < n; i++) t += v[i] & 1;
+  free(v);
+  return t;
+}
+
 static int client(void) {
   cxr_rdma *r;
   int rc = cxr_rdma_open(&r, NULL);
@@ -41,6 +80,7 @@ static int client(void) {
   cxr_rdma_ep *ep = NULL;
   char line[256], arg[128];
   long ms;
+  unsigned long bytes;
   while (fgets(line, sizeof line, stdin)) {
     if (sscanf(line, "connect %127s %ld", arg, &ms) == 2) {
       int64_t t0 = cxr_now_ns();
@@ -70,6 +110,13 @@ static int client(void) {
         usleep(20000);
       }
       printf("status %d\n", cxr_rdma_ep_status(ep));
+    } else if (sscanf(line, "sendgone %lu %ld", &bytes, &ms) == 2 && ep && !gone) {
+      long took = 0;
+      rc = send_and_close(ep, bytes, ms, &took);
+      ep = NULL;
+      printf("closed %d %ld\n", rc, took);
+    } else if (!strncmp(line, "touched", 7)) {
+      printf("touched %ld\n", touched());
     } else {
       printf("err %d\n", CXR_EINVAL);
     }

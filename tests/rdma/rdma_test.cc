@@ -143,6 +143,40 @@ TEST(Rdma, ASendThatTimesOutNoLongerReadsItsIovArray) {
   delete[] iov;
 }
 
+// After a send that timed out, its data is the caller's again once the endpoint's close
+// returns (cxr_rdma_am_send(3)). A client process (rdma_peer client) sends 16 MiB to a
+// stopped peer with a 20 ms deadline, closes the endpoint and drops the buffer's pages; then
+// the peer resumes, and no page of the buffer may come back (mincore: UCX reading it faults
+// the zero page in). The close gives the send 200 ms, then force-closes the endpoint, which
+// ends it. Before, the close was graceful and gave up after 200 ms with the send still in
+// UCX, which read the buffer once the peer read again (3 runs in 3; with the buffer made
+// inaccessible instead, the client aborted in UCX 1.13's tcp_ep.c, 4 runs in 9). Both
+// processes must live, and the peer serve the client.
+TEST(Rdma, AClosedEndpointsTimedOutSendNoLongerReadsTheCallersData) {
+  Peer peer;
+  ASSERT_TRUE(peer.start());
+  cxrt::Proc c;
+  ASSERT_TRUE(c.start({"tests/rdma/rdma_peer", "client"}));
+  ASSERT_EQ(c.line(10000), "READY");
+  ASSERT_EQ(c.ask("connect " + peer.addr() + " 5000", 10000), "ok");
+  ASSERT_EQ(c.ask("ping 5000", 10000), "ok");
+  ASSERT_NO_FATAL_FAILURE(cxrt::stop(peer));
+  std::string a = c.ask("sendgone 16777216 20", 10000);
+  int rc = 0, ms = -1;
+  ASSERT_EQ(sscanf(a.c_str(), "closed %d %d", &rc, &ms), 2) << a;
+  EXPECT_EQ(rc, CXR_ETIMEDOUT);
+  EXPECT_LT(ms, 1500) << "the close is bounded";
+  EXPECT_EQ(c.ask("touched", 10000), "touched 0");
+  ASSERT_EQ(kill(peer.p.pid, SIGCONT), 0);
+  std::string t;
+  for (int i = 0; i < 15 && (t = c.ask("touched", 10000)) == "touched 0"; i++) usleep(100000);
+  EXPECT_EQ(t, "touched 0") << "UCX touched the buffer after the close";
+  EXPECT_EQ(c.ask("connect " + peer.addr() + " 5000", 10000), "ok") << "the client died";
+  EXPECT_EQ(c.ask("ping 5000", 10000), "ok");
+  EXPECT_EQ(c.stop(5000), 0);
+  EXPECT_FALSE(cxrt::died_within(peer, 100)) << "the peer died";
+}
+
 TEST(Rdma, AMessageForAnIdNobodySetIsDroppedNotFatal) {
   // The peer serves ids 20 (echo) and its own; it never set these. UCX 1.13 crashed a
   // receiver that had no handler for a message's id (ucp_am_handler_reply; 2 runs in 3 under
