@@ -148,8 +148,10 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   hello_rep rep = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .token = rq.token,
                    .waddr_len = (uint32_t)walen, .nexps = (uint32_t)n};
   struct iovec iov = {buf, off};
-  /* buf goes with the reply: UCX may read it after a reply given up at its deadline. */
-  int rc = cxr__rdma_reply(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, buf, NULL, 0);
+  /* Not waited for: this runs on the progress thread, and a client that sends hellos and
+   * never reads stalled the whole engine 2 s per hello (the reply's deadline; rdma_test).
+   * buf goes with the reply, freed once UCX is done with it. */
+  int rc = cxr__rdma_reply_post(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, buf);
   if (rc) CXR_DEBUG("rdma: hello reply failed: %s", cxr_strerror(rc));
 }
 

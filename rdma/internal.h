@@ -236,6 +236,10 @@ void cxr__wake(cxr_rdma *r);
 int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, void *owned,
                     void (*owned_free)(void *), int64_t deadline_ns);
+/* Same without waiting (`owned` freed with free()): returns once UCX has the reply, or an
+ * error found before it was sent; a later failure is not reported. */
+int cxr__rdma_reply_post(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                         const struct iovec *iov, size_t niov, void *owned);
 /* Sends on an endpoint that other threads may end meanwhile: its status if it failed. */
 int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, int64_t deadline_ns, bool wait);

@@ -603,9 +603,9 @@ int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
   return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, NULL, NULL, deadline_ns);
 }
 
-int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
-                    const struct iovec *iov, size_t niov, void *owned,
-                    void (*owned_free)(void *), int64_t deadline_ns) {
+static int reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                 const struct iovec *iov, size_t niov, void *owned, void (*owned_free)(void *),
+                 int64_t deadline_ns, bool wait) {
   int rc = 0;
   if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) rc = CXR_EINVAL;
   else if (cxr__rdma_copy(m->r)) rc = CXR_ECLOSED;
@@ -616,7 +616,18 @@ int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
     return rc;
   }
   return am_send(m->r, NULL, m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
-                 cxr__deadline(deadline_ns), true, owned, owned_free);
+                 cxr__deadline(deadline_ns), wait, owned, owned_free);
+}
+
+int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                    const struct iovec *iov, size_t niov, void *owned,
+                    void (*owned_free)(void *), int64_t deadline_ns) {
+  return reply(m, id, hdr, hlen, iov, niov, owned, owned_free, deadline_ns, true);
+}
+
+int cxr__rdma_reply_post(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
+                         const struct iovec *iov, size_t niov, void *owned) {
+  return reply(m, id, hdr, hlen, iov, niov, owned, NULL, 0, false);
 }
 
 /* ---- the progress thread ---- */

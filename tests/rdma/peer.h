@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include <cxrpc/rdma.h>
 #include "tests/rdma/proc.h"
@@ -19,8 +20,9 @@ struct Peer {
   Proc p;
   int port = 0;
   uintptr_t mem = 0;
-  bool start() {
-    if (!p.start({"tests/rdma/rdma_peer", "serve", "127.0.0.1:0"})) return false;
+  // env: extra environment entries ("K=V") for the peer.
+  bool start(const std::vector<std::string> &env = {}) {
+    if (!p.start({"tests/rdma/rdma_peer", "serve", "127.0.0.1:0"}, env)) return false;
     std::string l = p.line(10000);
     void *m = nullptr;
     if (sscanf(l.c_str(), "READY %d %p", &port, &m) != 2) return false;

@@ -1,6 +1,7 @@
 // The rdma engine between real processes over UCX on TCP (loopback): connects cold and
 // warm, active messages small and large, get/put/atomics on exported memory, errors for
 // unreachable hosts and dead peers, and the pinned-memory budget.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <stdint.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <ucp/api/ucp.h>
 
 #include <cxrpc/rdma.h>
 #include "tests/rdma/peer.h"
@@ -175,6 +178,121 @@ TEST(Rdma, AClosedEndpointsTimedOutSendNoLongerReadsTheCallersData) {
   EXPECT_EQ(c.ask("ping 5000", 10000), "ok");
   EXPECT_EQ(c.stop(5000), 0);
   EXPECT_FALSE(cxrt::died_within(peer, 100)) << "the peer died";
+}
+
+// A bare UCX client of an engine's listener that speaks the engine's hello (rdma/ep.c:
+// message id 1 with header {magic "cxrh", version 1, token}, answered with id 2) and reads
+// the answers only while it waits for the first one.
+struct HelloFlooder {
+  struct Wire {
+    uint32_t magic, version;
+    uint64_t token;
+  } hello = {0x63787268u, 1, 7};
+  ucp_context_h ctx = nullptr;
+  ucp_worker_h w = nullptr;
+  ucp_ep_h ep = nullptr;
+  std::atomic<int> answers{0};
+  std::vector<void *> reqs;
+
+  static ucs_status_t on_answer(void *arg, const void *, size_t, void *, size_t,
+                                const ucp_am_recv_param_t *) {
+    ((std::atomic<int> *)arg)->fetch_add(1);
+    return UCS_OK;
+  }
+  static void on_err(void *, ucp_ep_h, ucs_status_t) {}
+
+  // Connects with a receive buffer of `rcvbuf` (small: the answers back up soon) and waits
+  // for the answer to one hello.
+  bool open(int port, const char *rcvbuf) {
+    ucp_config_t *cfg;
+    if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK) return false;
+    ucp_config_modify(cfg, "TCP_RCVBUF", rcvbuf);
+    ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    ucs_status_t st = ucp_init(&cp, cfg, &ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) return false;
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(ctx, &wp, &w) != UCS_OK) return false;
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = 2, .cb = on_answer, .arg = &answers};
+    if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK) return false;
+    struct sockaddr_in sa = {};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ucp_ep_params_t p = {};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr = {(const struct sockaddr *)&sa, sizeof sa};
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler = {on_err, nullptr};
+    if (ucp_ep_create(w, &p, &ep) != UCS_OK) return false;
+    send(1);
+    int64_t end = cxr_now_ns() + 5 * kSec;
+    while (answers.load() == 0 && cxr_now_ns() < end) ucp_worker_progress(w);
+    return answers.load() == 1;
+  }
+
+  // Sends n hellos without progressing the worker: nothing of the answers is read.
+  void send(int n) {
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_AM_SEND_FLAG_REPLY};
+    for (int i = 0; i < n; i++) {
+      ucs_status_ptr_t sp = ucp_am_send_nbx(ep, 1, &hello, sizeof hello, nullptr, 0, &p);
+      if (UCS_PTR_IS_PTR(sp)) reqs.push_back(sp);
+    }
+  }
+
+  ~HelloFlooder() {
+    if (ep) {
+      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+      ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &p);
+      int64_t end = cxr_now_ns() + 2 * kSec;
+      while (UCS_PTR_IS_PTR(sp) && ucp_request_check_status(sp) == UCS_INPROGRESS &&
+             cxr_now_ns() < end)
+        ucp_worker_progress(w);
+      if (UCS_PTR_IS_PTR(sp)) ucp_request_free(sp);
+    }
+    for (void *r : reqs) ucp_request_free(r);
+    if (w) ucp_worker_destroy(w);
+    if (ctx) ucp_cleanup(ctx);
+  }
+};
+
+// The engine answers a hello on its progress thread, which runs every handler. The answer
+// used to be sent with a wait of up to 2 s for it to leave, so a client (no login needed)
+// that sent hellos and never read the answers stalled the whole engine 2 s per hello once
+// the socket buffers were full. Here such a client, with a small receive buffer, sends 3000
+// hellos to a peer whose sockets have small send buffers, and another client's echo must
+// still come back within 1.5 s (it did not, 4 runs in 4; with default buffers, or 300
+// hellos, the stall did not show). Now the answer is not waited for: UCX keeps it until it
+// leaves or the endpoint ends, and its buffer goes with it.
+TEST(Rdma, HellosNobodyReadsDoNotStallTheEngine) {
+  Peer peer;
+  ASSERT_TRUE(peer.start({"UCX_TCP_SNDBUF=4k"}));
+  Echo e;
+  cxr_rdma *r;
+  cxr_rdma_ep *ep;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_am_set(r, 21, on_echo, &e), 0);
+  ASSERT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), 0, &ep), 0);
+  {
+    HelloFlooder f;
+    ASSERT_TRUE(f.open(peer.port, "4k"));
+    f.send(3000);
+    usleep(100000);  // the peer answers what it got until its buffers are full
+    int64_t t0 = cxr_now_ns();
+    ASSERT_EQ(cxr_rdma_am_send(ep, 20, "x", 1, nullptr, 0, t0 + 5 * kSec), 0);
+    EXPECT_TRUE(wait_for(e.got, 1, 1500000000)) << "the peer's engine is stalled";
+    printf("the echo came back after %.1f ms\n", (cxr_now_ns() - t0) / 1e6);
+  }
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
 }
 
 TEST(Rdma, AMessageForAnIdNobodySetIsDroppedNotFatal) {
