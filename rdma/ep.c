@@ -48,6 +48,9 @@ static cxr_rdma_ep *ep_new(cxr_rdma *r, const char *host) {
   cxr_rdma_ep *ep = calloc(1, sizeof *ep);
   if (ep == NULL) return NULL;
   ep->r = r;
+  pthread_mutex_lock(&r->lock);
+  ep->id = ++r->next_ep_id;
+  pthread_mutex_unlock(&r->lock);
   /* The default kind prefers readers: a poster never waits behind a closer that waits for
    * it. Closers do not starve: posters check the status, set first, before taking it. */
   pthread_rwlock_init(&ep->ulock, NULL);
@@ -520,21 +523,23 @@ void cxr_rdma_forget(cxr_rdma *r, const char *hostport) {
 
 /* ---- failures ---- */
 
+/* The failed endpoint by id, not by address: a user may close (free) it before the job runs,
+ * and a new endpoint, pooled or accepted, may then get the same address, which the job
+ * would have closed in its place. */
 typedef struct err_arg {
   cxr_rdma *r;
-  cxr_rdma_ep *ep;
+  uint64_t id;
 } err_arg;
 
 static void err_job(void *arg) {
   err_arg a = *(err_arg *)arg;
   free(arg);
   cxr_rdma *r = a.r;
-  cxr_rdma_ep *ep = a.ep;
   /* Still ours to handle? (a user close may have raced the failure) */
   pthread_mutex_lock(&r->lock);
-  bool live = false;
-  for (cxr_rdma_ep *e = r->eps; e; e = e->next) live |= e == ep;
-  bool drop = live && (ep->server_side || ep->pooled || ep->closing);
+  cxr_rdma_ep *ep = r->eps;
+  while (ep && ep->id != a.id) ep = ep->next;
+  bool drop = ep && (ep->server_side || ep->pooled || ep->closing);
   if (drop && ep->server_side && ep->refs > 0) {
     ep->zombie = true;  /* a queued message still refers to it: the last one closes it */
     drop = false;
@@ -574,7 +579,7 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
   err_arg *a = malloc(sizeof *a);
   if (a == NULL) return;
   a->r = r;
-  a->ep = ep;
+  a->id = ep->id;
   if (cxr_rdma_defer(r, err_job, a) != 0) free(a);
 }
 

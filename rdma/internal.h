@@ -96,6 +96,7 @@ struct cxr_rdma_ep {
   void *on_err_user;
   cxr_rdma_rkey *rkeys; /* protected by r->lock */
   cxr_rdma_ep *next;    /* r->eps, or r->parked */
+  uint64_t id;          /* unique in its engine (r->next_ep_id): an address may be reused */
 };
 
 struct cxr_rdma_mr {
@@ -166,6 +167,7 @@ struct cxr_rdma {
   cxr_rdma_mr *mrs;
   struct hello_wait *hellos;
   uint64_t next_token;
+  uint64_t next_ep_id;
   uint64_t use_clock;
   size_t queued;           /* bytes of admitted messages no handler got yet (worker.c) */
   uint64_t msgs_too_big, msgs_queue_full;  /* messages dropped before any allocation */
