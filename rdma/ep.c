@@ -58,6 +58,12 @@ static cxr_rdma_ep *ep_new(cxr_rdma *r, const char *host) {
   return ep;
 }
 
+/* Every endpoint from ep_new goes through here (its lock with it), on error paths too. */
+static void ep_free(cxr_rdma_ep *ep) {
+  pthread_rwlock_destroy(&ep->ulock);
+  free(ep);
+}
+
 static void ep_link(cxr_rdma_ep *ep) {
   cxr_rdma *r = ep->r;
   pthread_mutex_lock(&r->lock);
@@ -107,7 +113,7 @@ void cxr__conn_cb(ucp_conn_request_h req, void *arg) {
   ucs_status_t st = ucp_ep_create(r->worker, &p, &ep->uep);
   if (st != UCS_OK) {
     CXR_WARN("rdma: cannot accept %s: %s", peer, ucs_status_string(st));
-    free(ep);
+    ep_free(ep);
     return;
   }
   ep_link(ep);
@@ -334,7 +340,7 @@ static int ep_from_waddr(cxr_rdma *r, const char *key, const ep_where *w, cxr_rd
   }
   ucs_status_t st = ucp_ep_create(r->worker, &p, &ep->uep);
   if (st != UCS_OK) {
-    free(ep);
+    ep_free(ep);
     return cxr__rdma_status(st);
   }
   ep_link(ep);
@@ -387,7 +393,7 @@ static void refill(void *arg) {
   if (h) h->refilling = false;
   pthread_mutex_unlock(&r->lock);
   CXR_DEBUG("rdma: pool for %s refilled", probe->host);
-  free(probe);
+  ep_free(probe);
 }
 
 static void schedule_refill(cxr_rdma *r, const char *key) {
@@ -399,7 +405,7 @@ static void schedule_refill(cxr_rdma *r, const char *key) {
   if (!go) return;
   cxr_rdma_ep *probe = ep_new(r, key);
   if (probe == NULL || cxr_rdma_defer(r, refill, probe) != 0) {
-    free(probe);
+    if (probe) ep_free(probe);
     pthread_mutex_lock(&r->lock);
     if (h) h->refilling = false;
     pthread_mutex_unlock(&r->lock);
@@ -448,7 +454,7 @@ static int cold(cxr_rdma *r, const char *key, const struct sockaddr_in *sa, int6
                        .err_handler = {.cb = cxr__ep_err_cb, .arg = ep}};
   ucs_status_t st = ucp_ep_create(r->worker, &p, &ep->uep);
   if (st != UCS_OK) {
-    free(ep);
+    ep_free(ep);
     CXR_INFO("rdma: cannot connect to %s: %s", key, ucs_status_string(st));
     return cxr__rdma_status(st) == CXR_EPEERDEAD ? CXR_ENOTCONN : cxr__rdma_status(st);
   }
@@ -773,8 +779,7 @@ static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
              ep->host);
     return;
   }
-  pthread_rwlock_destroy(&ep->ulock);
-  free(ep);
+  ep_free(ep);
 }
 
 /* One-sided ops still with UCX (atomics, chunks of gets/puts abandoned at their deadline,
