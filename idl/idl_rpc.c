@@ -48,3 +48,13 @@ cxr_range cxr__call_arg_extent(cxr_call *call, const void *args) {
   }
   return r;
 }
+
+int cxr__skel_arg_check(cxr_call *call, const void *args, size_t size) {
+  /* [args, args + arg_len) is what the server checked (inside the heap or the replica) or
+   * copied (an inline argument): a struct within it is readable. Else the struct itself
+   * must lie in the heap (a caller that stated no length, as the stubs do). */
+  if (cxr_call_arg_len(call) >= size) return 0;
+  cxr_range r = cxr_call_arg_range(call);
+  uintptr_t a = (uintptr_t)args, lo = (uintptr_t)r.p;
+  return r.p && a >= lo && a - lo < r.len && size <= r.len - (a - lo) ? 0 : CXR_EBADPTR;
+}

@@ -22,11 +22,12 @@
 #include "examples/kvstore/unix.h"
 
 /* The handlers run behind the generated skeleton (kv.cxr.c). The channel is trusted by
- * default, as memcached's clients are: the skeleton does not walk requests, so the handlers
- * check the two pointers they follow (key and value inside the caller's heap, which across
- * racks is our replica of it), as cheap as the raw API's checks were. --untrusted makes the
- * skeleton validate every request graph first. Results are built in cxr_call_heap(call);
- * across racks the skeleton ships the whole result graph back. */
+ * default, as memcached's clients are: the skeleton checks only that the request struct
+ * lies in the heap and does not walk requests, so the handlers check the two pointers they
+ * follow (key and value inside the caller's heap, which across racks is our replica of
+ * it), as cheap as the raw API's checks were. --untrusted makes the skeleton validate every
+ * request graph first. Results are built in cxr_call_heap(call); across racks the skeleton
+ * ships the whole result graph back. */
 /* A bytes field of a request, read exactly once. The request lives in the caller's heap,
  * which the caller can keep writing while we run (--untrusted too: the skeleton's check was
  * of what the field held then), so a field read twice can change between its check and its

@@ -217,6 +217,50 @@ TEST_P(Svc, ArgumentsMustStayInsideTheStatedExtent) {
   cxrtest_open_Tree_free(h, t);
 }
 
+TEST_P(Svc, ARequestStructOutsideWhatTheServerCheckedIsRefusedOnEveryChannel) {
+  // The server checks only the bytes the client says the argument has; the skeleton checks
+  // that the request struct lies whole in them or in the heap, trusted channel or not. A
+  // pointer at the heap's last byte with arg_len 1 had a trusted handler read past the heap
+  // (kv_server died of SIGSEGV for every client, a review found).
+  const char *end = (const char *)cxr_heap_base(h) + cxr_heap_size(h);
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.arg_len = 1;
+  void *res = nullptr;
+  EXPECT_EQ(cxr_conn_call(c, cxrtest_Admin_Ping_ID, end - 1, &res, &o), CXR_EBADPTR);
+  o.arg_len = 0;  // no stated length: the struct itself against the heap
+  EXPECT_EQ(cxr_conn_call(c, cxrtest_Admin_Ping_ID, end - 4, &res, &o), CXR_EBADPTR);
+  EXPECT_EQ(res, nullptr);
+  // An inline argument shorter than the struct: the rest would be the worker's stack.
+  cxrtest_Ack *p = cxrtest_Ack_new(h), *q = nullptr;
+  p->has_code = true, p->code = 1;
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = 4;
+  EXPECT_EQ(cxrtest_Admin_Ping(c, p, &q, &o), CXR_EBADPTR);
+  EXPECT_EQ(st.pings, 0) << "a handler ran on a request outside what the server checked";
+  // The whole struct inline: a trusted channel runs it; an untrusted one validates the graph
+  // against the heap, where the inline copy is not.
+  o.arg_len = sizeof *p;
+  int rc = cxrtest_Admin_Ping(c, p, &q, &o);
+  if (GetParam()) {
+    EXPECT_EQ(rc, CXR_EBADPTR);
+  } else {
+    ASSERT_EQ(rc, 0);
+    EXPECT_EQ(q->code, 2);
+    cxrtest_Ack_free(h, q);
+  }
+  // A struct wholly inside the heap, with or without a stated length: served.
+  o.flags = 0;
+  o.arg_len = 0;
+  ASSERT_EQ(cxrtest_Admin_Ping(c, p, &q, &o), 0);
+  EXPECT_EQ(q->code, 2);
+  cxrtest_Ack_free(h, q);
+  o.arg_len = sizeof *p;
+  ASSERT_EQ(cxrtest_Admin_Ping(c, p, &q, &o), 0);
+  cxrtest_Ack_free(h, q);
+  cxrtest_Ack_free(h, p);
+}
+
 TEST_P(Svc, HostileResultIsRefusedByTheStub) {
   st.hostile = true;
   cxrtest_Everything *m = doc(1);

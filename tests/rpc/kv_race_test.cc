@@ -6,7 +6,8 @@
 // the test thread keeps calling Get with it. A handler that reads the length twice (check,
 // then use) copies 64 KiB into its 250-byte buffer and the server dies for every client. The
 // server must survive, answer every racing Get with either the value or CXR_EINVAL (the
-// length it read once), and still answer a normal call.
+// length it read once), and still answer a normal call. Also a request pointer at the end
+// of the heap (heap_end).
 #include <gtest/gtest.h>
 #include <stdio.h>
 
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "examples/kvstore/kv.cxr.h"
 #include "tests/rpc/kv_client.h"
 #include "tests/rpc/util.h"
 
@@ -47,21 +49,35 @@ int get(cxr_conn *c, const cxr_bytes *rq, std::string *value) {
   return rc;
 }
 
+// kv_server on a channel of its own, killed when this goes out of scope (an ASSERT's early
+// return must not leave it running). ready: its first line ("... ready ..." when it is).
+struct Server {
+  Peer p;
+  std::string ready;
+  Server(const std::string &name, const char *heap_mib, bool untrusted) {
+    std::vector<std::string> args = {"--channel", name, "--heap", heap_mib};
+    if (untrusted) args.push_back("--untrusted");
+    p = spawn_bin(runfile("examples/kvstore/kv_server"), args, true);
+    ready = p.pid > 0 ? read_line(p, 20000) : "kv_server did not start";
+  }
+  ~Server() {
+    if (p.pid > 0) kill(p.pid, SIGKILL);
+    wait_peer(p);
+  }
+  // What a dead server said ("stack smashing detected", ASan's report, ...), "" if alive.
+  std::string last_words() { return alive(p) ? "" : "died:\n" + read_all(p, 2000); }
+  // SIGTERM, then its exit status (0: a clean exit) and what it wrote meanwhile.
+  int stop(std::string *out) {
+    kill(p.pid, SIGTERM);
+    *out = read_all(p);
+    return wait_peer(p, 20000);
+  }
+};
+
 void race(bool untrusted) {
   std::string name = uniq("kvrace");
-  std::vector<std::string> args = {"--channel", name, "--heap", "16"};
-  if (untrusted) args.push_back("--untrusted");
-  Peer srv = spawn_bin(runfile("examples/kvstore/kv_server"), args, true);
-  ASSERT_GT(srv.pid, 0);
-  struct Reap {  // an ASSERT's early return must not leave the server running
-    Peer &p;
-    ~Reap() {
-      if (p.pid > 0) kill(p.pid, SIGKILL);
-      wait_peer(p);
-    }
-  } reap{srv};
-  std::string ready = read_line(srv, 20000);
-  ASSERT_NE(ready.find("ready"), std::string::npos) << ready;
+  Server server(name, "16", untrusted);
+  ASSERT_NE(server.ready.find("ready"), std::string::npos) << server.ready;
 
   cxr_conn *c = nullptr;
   ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
@@ -96,7 +112,7 @@ void race(bool untrusted) {
     if (rc == 0 && got == want) hits++;
     else if (rc == CXR_EINVAL && got.empty()) refused++;
     else if (wrong++ == 0) first_wrong = std::string(cxr_strerror(rc)) + " " + got;
-    if ((gets & 255) == 0 && !alive(srv)) {
+    if ((gets & 255) == 0 && !alive(server.p)) {
       dead = true;
       break;
     }
@@ -105,10 +121,9 @@ void race(bool untrusted) {
   for (auto &t : flippers) t.join();
   rq->len = kKeyLen;
 
-  dead = dead || !alive(srv);
-  std::string out;
-  if (dead) out = read_all(srv, 2000);  // "stack smashing detected", ASan's report, ...
-  EXPECT_FALSE(dead) << "server died after " << gets << " racing Gets:\n" << out;
+  std::string out = server.last_words();
+  dead = dead || !out.empty();
+  EXPECT_FALSE(dead) << "server died after " << gets << " racing Gets: " << out;
   EXPECT_EQ(wrong, 0u) << "of " << gets << " Gets, first: " << first_wrong;
   // Both lengths usually reach the server; a machine too loaded to run the flipper at all
   // makes the case weaker, not failed (tests never fail on timing).
@@ -121,10 +136,68 @@ void race(bool untrusted) {
   }
   cxr_conn_close(c);
   if (!dead) {
-    kill(srv.pid, SIGTERM);
-    out = read_all(srv);
-    EXPECT_EQ(wait_peer(srv, 20000), 0) << out;  // and a clean exit
+    EXPECT_EQ(server.stop(&out), 0) << out;  // and a clean exit
   }
+}
+
+// A request pointer at the last byte of the connection heap, with arg_len 1 (the byte the
+// server checks lies inside): the handler would read the request struct past the heap's
+// end. Behind the heap the server mapped highest lies only the window's reserve, so the
+// trusted kv_server (whose skeleton does not validate) died of SIGSEGV for every client, a
+// review found. The skeleton must refuse it with CXR_EBADPTR on every connection. The
+// server keeps spare heaps mapped above those in use: the test takes every connection the
+// server has (so the highest heap is one of ours) and tries each.
+void heap_end(bool untrusted) {
+  std::string name = uniq("kvend");
+  Server server(name, "1", untrusted);
+  ASSERT_NE(server.ready.find("ready"), std::string::npos) << server.ready;
+
+  constexpr int kMaxConns = 64;  // kv_server takes 32
+  cxr_conn *c[kMaxConns] = {};
+  int n = 0;
+  while (n < kMaxConns && cxr_connect(&c[n], name.c_str(), nullptr) == 0) n++;
+  ASSERT_GT(n, 0);
+  for (int i = n - 1; i >= 0; i--) {
+    cxr_heap *h = cxr_conn_heap(c[i]);
+    const char *end = (const char *)cxr_heap_base(h) + cxr_heap_size(h);
+    cxr_call_opts o;
+    cxr_call_opts_init(&o);
+    o.arg_len = 1;
+    o.deadline_ns = 3000000000;  // a dead server ends the call sooner
+    void *res = nullptr;
+    EXPECT_EQ(cxr_conn_call(c[i], kv_KV_Get_ID, end - 1, &res, &o), CXR_EBADPTR)
+        << "connection " << i;
+    EXPECT_EQ(res, nullptr);
+    if (!alive(server.p)) break;
+  }
+  std::string out = server.last_words();
+  ASSERT_TRUE(out.empty()) << "the server " << out;
+  // Every connection is still served.
+  const std::string want = "v";
+  for (int i = 0; i < n; i++) {
+    ASSERT_EQ(kvc_set(c[i], "k", 1, want.data(), want.size()), 0) << "connection " << i;
+    cxr_bytes *rq = kvc_get_request(c[i]);
+    ASSERT_NE(rq, nullptr);
+    uint8_t *key = (uint8_t *)cxr_heap_alloc(cxr_conn_heap(c[i]), 1);
+    ASSERT_NE(key, nullptr);
+    key[0] = 'k';
+    *rq = {key, 1};
+    std::string got;
+    EXPECT_EQ(get(c[i], rq, &got), 0);
+    EXPECT_EQ(got, want);
+  }
+  for (int i = 0; i < n; i++) cxr_conn_close(c[i]);
+  EXPECT_EQ(server.stop(&out), 0) << out;
+}
+
+TEST(KvRace, TrustedChannelRefusesARequestAtTheHeapsEnd) {
+  setup_root("rpc-kvrace");
+  heap_end(false);
+}
+
+TEST(KvRace, UntrustedChannelRefusesARequestAtTheHeapsEnd) {
+  setup_root("rpc-kvrace");
+  heap_end(true);
 }
 
 TEST(KvRace, TrustedChannelSurvivesAKeyLengthRewrittenDuringGet) {
