@@ -1,6 +1,8 @@
 /* The README's five-minute tour as a program: a Greeter server in one process, a client in
  * another, one call that passes a pointer to a request built in the connection heap.
- *   bazel run //examples/greet -- ada lovelace      (CXRPC_ROOT picks the pod root) */
+ *   bazel run //examples/greet -- ada lovelace      (CXRPC_ROOT picks the pod root)
+ *   greet --server CHANNEL: only the server, on CHANNEL; prints "ready", stops at SIGTERM
+ *   (tests/rpc:greet_race_test races its handler from a client of its own) */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,19 +11,50 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cxrpc/sandbox.h>
+
 #include "examples/greet/greet.cxr.h"
+
+/* A string of the request, loaded once into *out and checked there. The call is not sealed,
+ * so the client can rewrite its request after the skeleton validated it: a field read again
+ * could by then point anywhere this server maps (another connection's heap: its bytes were
+ * copied into the reply). So each pointer and length is read once, must lie in the call's
+ * argument range, and only the copy is used. */
+static int load_str(cxr_call *call, const cxr_str *field, cxr_str *out) {
+  cxr_str s = {__atomic_load_n(&field->ptr, __ATOMIC_RELAXED),
+               __atomic_load_n(&field->len, __ATOMIC_RELAXED)};
+  cxr_range ar = cxr_call_arg_range(call);
+  if (s.len && cxr_range_check(&ar, s.ptr, s.len, 1)) return CXR_EBADPTR;
+  *out = s;
+  return 0;
+}
 
 static int say(cxr_call *call, const greet_Hello *rq, greet_Reply **rs, void *user) {
   (void)user;
   cxr_heap *h = cxr_call_heap(call);          /* results are built in the call's heap */
   char text[256];
-  int n = snprintf(text, sizeof text, "hello, %.*s", (int)rq->name.len, rq->name.ptr);
-  for (uint64_t i = 0; i < rq->tags.count && n > 0 && (size_t)n < sizeof text; i++)
-    n += snprintf(text + n, sizeof text - (size_t)n, " [%.*s]", (int)rq->tags.items[i].len,
-                  rq->tags.items[i].ptr);
+  cxr_str name;
+  int rc = load_str(call, &rq->name, &name);
+  if (rc) return rc;
+  /* at most what fits: a length above INT_MAX would turn %.*s into an unbounded read */
+  int n = snprintf(text, sizeof text, "hello, %.*s", (int)(name.len < 200 ? name.len : 200),
+                   name.ptr);
+  /* the tags array, like each string, loaded once and checked before it is read */
+  const cxr_str *tags = __atomic_load_n(&rq->tags.items, __ATOMIC_RELAXED);
+  uint64_t ntags = __atomic_load_n(&rq->tags.count, __ATOMIC_RELAXED);
+  cxr_range ar = cxr_call_arg_range(call);
+  if (ntags && (ntags > ar.len / sizeof *tags ||
+                cxr_range_check(&ar, tags, ntags * sizeof *tags, _Alignof(cxr_str))))
+    return CXR_EBADPTR;
+  for (uint64_t i = 0; i < ntags && n > 0 && (size_t)n < sizeof text; i++) {
+    cxr_str tag;
+    if ((rc = load_str(call, &tags[i], &tag)) != 0) return rc;
+    n += snprintf(text + n, sizeof text - (size_t)n, " [%.*s]",
+                  (int)(tag.len < 200 ? tag.len : 200), tag.ptr);
+  }
   greet_Reply *r = greet_Reply_new(h);
   if (r == NULL) return CXR_ENOMEM;
-  int rc = cxr_str_setz(h, &r->text, text);
+  rc = cxr_str_setz(h, &r->text, text);
   if (rc) {
     greet_Reply_free(h, r);
     return rc;
@@ -30,12 +63,12 @@ static int say(cxr_call *call, const greet_Hello *rq, greet_Reply **rs, void *us
   return 0;
 }
 
-static int serve(int ready_fd) {
+static int serve(const char *name, int ready_fd) {
   cxr_channel_opts o;
   cxr_channel_opts_init(&o);
   o.untrusted = true;                          /* the skeleton validates every request */
   cxr_channel *ch;
-  int rc = cxr_channel_open(&ch, "greet", &o);
+  int rc = cxr_channel_open(&ch, name, &o);
   if (rc) {
     fprintf(stderr, "server: cxr_channel_open: %s\n", cxr_strerror(rc));
     return 1;
@@ -55,7 +88,7 @@ static int serve(int ready_fd) {
     fprintf(stderr, "server: start: %s\n", cxr_strerror(rc));
     return 1;
   }
-  if (write(ready_fd, "r", 1) != 1) return 1;
+  if (write(ready_fd, "ready\n", 6) != 6) return 1;
   close(ready_fd);
   int sig;
   sigwait(&term, &sig);
@@ -65,12 +98,13 @@ static int serve(int ready_fd) {
 }
 
 int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--server")) return serve(argv[2], 1);
   int p[2];
   if (pipe(p) != 0) return 1;
   pid_t server = fork();
   if (server == 0) {
     close(p[0]);
-    _exit(serve(p[1]));
+    _exit(serve("greet", p[1]));
   }
   close(p[1]);
   char c;

@@ -31,12 +31,6 @@ constexpr int64_t kRaceNs = 2000000000;     // per channel kind: both stay withi
 constexpr uint64_t kMaxGets = 2000000;      // a bound on the calls too, whatever the speed
 constexpr int kFlippers = 1;                // 2 CPUs here: one flipper, one caller, one worker
 
-// True while the server process has not exited (a zombie still answers kill(pid, 0)).
-bool alive(const Peer &p) {
-  int st;
-  return waitpid(p.pid, &st, WNOHANG) == 0 && kill(p.pid, 0) == 0;
-}
-
 // Get: "" with the error, the value on a hit, "<miss>" on a miss that succeeded.
 int get(cxr_conn *c, const cxr_bytes *rq, std::string *value) {
   char buf[64];
@@ -49,20 +43,17 @@ int get(cxr_conn *c, const cxr_bytes *rq, std::string *value) {
   return rc;
 }
 
-// kv_server on a channel of its own, killed when this goes out of scope (an ASSERT's early
-// return must not leave it running). ready: its first line ("... ready ..." when it is).
+// kv_server on a channel of its own, killed when this goes out of scope (Reap). ready: its
+// first line ("... ready ..." when it is).
 struct Server {
   Peer p;
+  Reap reap{p};
   std::string ready;
   Server(const std::string &name, const char *heap_mib, bool untrusted) {
     std::vector<std::string> args = {"--channel", name, "--heap", heap_mib};
     if (untrusted) args.push_back("--untrusted");
     p = spawn_bin(runfile("examples/kvstore/kv_server"), args, true);
     ready = p.pid > 0 ? read_line(p, 20000) : "kv_server did not start";
-  }
-  ~Server() {
-    if (p.pid > 0) kill(p.pid, SIGKILL);
-    wait_peer(p);
   }
   // What a dead server said ("stack smashing detected", ASan's report, ...), "" if alive.
   std::string last_words() { return alive(p) ? "" : "died:\n" + read_all(p, 2000); }

@@ -123,6 +123,22 @@ inline int wait_peer(Peer &p, int timeout_ms = 20000) {
   return rc;
 }
 
+// True while p has not exited (a zombie still answers kill(pid, 0)).
+inline bool alive(const Peer &p) {
+  int st;
+  return p.pid > 0 && waitpid(p.pid, &st, WNOHANG) == 0 && kill(p.pid, 0) == 0;
+}
+
+// Kills and reaps p when it goes out of scope: an ASSERT's early return must not leave a
+// server running.
+struct Reap {
+  Peer &p;
+  ~Reap() {
+    if (p.pid > 0) kill(p.pid, SIGKILL);
+    wait_peer(p);
+  }
+};
+
 inline Peer start_server(const std::string &name, int workers = 1) {
   Peer p = spawn_peer({"server", name, std::to_string(workers)});
   if (p.pid > 0 && read_line(p) != "ready") {
