@@ -4,7 +4,10 @@
  *           [--value-size BYTES] [--zipf THETA] [--no-preload] [--unix PATH]
  *   workload a: 50% get, 50% set;  b: 95% get, 5% set;  c: 100% get
  * --unix PATH runs the same load over kv_server's Unix-socket baseline instead of cxrpc.
- * Prints calls/s, hit ratio, errors and latency percentiles. Exit status 1 on errors. */
+ * Prints calls/s, hit ratio, errors and latency percentiles. Calls, calls/s and latency count
+ * successful calls only, over the time the threads really ran; failed calls are counted apart
+ * as errors (a thread stops at CXR_EPEERDEAD: no later call on its connection can succeed).
+ * Exit status 1 on errors. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -75,19 +78,50 @@ typedef struct worker {
   const cfg *c;
   const zipf *z;
   int id;
-  uint64_t ops, gets, hits, sets, errors, bad_values;
-  uint32_t *lat;   /* ns, one per op up to cap */
+  uint64_t ops, gets, hits, sets, errors, bad_values; /* ops, gets, sets: successful calls */
+  int first_error;
+  int64_t t_begin, t_end; /* the timed loop, for calls/s (0: it did not run) */
+  /* Latency of successful calls, ns: a reservoir of cap samples (Algorithm R), so that a
+   * long run neither grows it without bound nor keeps only its first seconds. */
+  uint32_t *lat, lat_max;
   size_t nlat, cap;
+  uint64_t lat_seen, lat_rng;
   int setup_rc;
   bool synced;     /* passed the barrier after the preload */
 } worker;
 
 /* Every thread finishes its share of the preload before any starts the timed loop (else
- * early gets would miss keys another thread has not written yet). */
-static pthread_barrier_t preloaded;
+ * early gets would miss keys another thread has not written yet). A count rather than a
+ * pthread barrier: when a thread cannot be created, main takes its place without waiting. */
+static pthread_mutex_t preload_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t preload_cv = PTHREAD_COND_INITIALIZER;
+static int preload_left; /* threads that have not finished their preload */
+static void preload_leave(int n, bool wait) {
+  pthread_mutex_lock(&preload_mu);
+  if ((preload_left -= n) <= 0) pthread_cond_broadcast(&preload_cv);
+  while (wait && preload_left > 0) pthread_cond_wait(&preload_cv, &preload_mu);
+  pthread_mutex_unlock(&preload_mu);
+}
 static void preload_done(worker *w) {
-  if (!w->synced) pthread_barrier_wait(&preloaded);
+  if (!w->synced) preload_leave(1, true);
   w->synced = true;
+}
+
+static void failed(worker *w, int rc) {
+  if (w->errors++ == 0) w->first_error = rc;
+}
+
+static void lat_add(worker *w, int64_t dt) {
+  uint32_t ns = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
+  if (ns > w->lat_max) w->lat_max = ns;
+  uint64_t n = ++w->lat_seen;
+  if (w->nlat < w->cap) {
+    w->lat[w->nlat++] = ns;
+    return;
+  }
+  /* kept with probability cap/n, in place of a random sample: uniform over the run */
+  uint64_t j = (uint64_t)(((unsigned __int128)rng_next(&w->lat_rng) * n) >> 64);
+  if (j < w->cap) w->lat[j] = ns;
 }
 
 static int key_of(uint64_t k, char *buf) { return snprintf(buf, 32, "key:%010llu", (unsigned long long)k); }
@@ -160,33 +194,40 @@ typedef int (*kv_get_fn)(void *ctx, uint64_t k, bool *hit, bool *bad);
 static inline __attribute__((always_inline)) void drive(worker *w, void *ctx, kv_set_fn set,
                                                         kv_get_fn get) {
   const cfg *c = w->c;
+  int rc = 0;
   if (c->preload) /* each thread loads its share of the keys */
-    for (uint64_t k = (uint64_t)w->id; k < c->keys; k += (uint64_t)c->threads)
-      if (set(ctx, k) != 0) w->errors++;
+    for (uint64_t k = (uint64_t)w->id; k < c->keys && rc != CXR_EPEERDEAD;
+         k += (uint64_t)c->threads)
+      if ((rc = set(ctx, k)) != 0) failed(w, rc);
   preload_done(w);
+  if (rc == CXR_EPEERDEAD) return;
   uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
   int get_pct = c->workload == 'a' ? 50 : c->workload == 'b' ? 95 : 100;
-  int64_t end = cxr_now_ns() + (int64_t)(c->seconds * 1e9);
-  for (;;) {
-    int64_t t0 = cxr_now_ns();
-    if (t0 >= end) break;
+  w->t_begin = cxr_now_ns();
+  int64_t end = w->t_begin + (int64_t)(c->seconds * 1e9), t0;
+  /* A failed call is no call served: it counts as an error only (against a dead server
+   * each failed at once, and millions of "calls/s" were printed). */
+  while ((t0 = cxr_now_ns()) < end) {
     uint64_t k = zipf_next(w->z, &rng);
-    int rc;
-    if ((int)(rng_next(&rng) % 100) < get_pct) {
-      bool hit = false, bad = false;
-      rc = get(ctx, k, &hit, &bad);
+    bool is_get = (int)(rng_next(&rng) % 100) < get_pct, hit = false, bad = false;
+    rc = is_get ? get(ctx, k, &hit, &bad) : set(ctx, k);
+    int64_t dt = cxr_now_ns() - t0;
+    if (rc != 0) {
+      failed(w, rc);
+      if (rc == CXR_EPEERDEAD) break; /* the connection is gone for good */
+      continue;
+    }
+    w->ops++;
+    if (is_get) {
       w->gets++;
       w->hits += hit;
       w->bad_values += bad;
     } else {
-      rc = set(ctx, k);
       w->sets++;
     }
-    int64_t dt = cxr_now_ns() - t0;
-    if (rc != 0) w->errors++;
-    w->ops++;
-    if (w->nlat < w->cap) w->lat[w->nlat++] = dt > UINT32_MAX ? UINT32_MAX : (uint32_t)dt;
+    lat_add(w, dt);
   }
+  w->t_end = cxr_now_ns();
 }
 
 /* ---- the Unix-socket baseline: same operations, bytes copied through the kernel ---- */
@@ -337,45 +378,80 @@ int main(int argc, char **argv) {
   zipf_init(&z, c.keys, c.theta);
   worker *w = calloc((size_t)c.threads, sizeof *w);
   pthread_t *t = calloc((size_t)c.threads, sizeof *t);
-  size_t cap = (size_t)(c.seconds * 2e6) + 1024;
-  if (cap > (64u << 20)) cap = 64u << 20;
-  pthread_barrier_init(&preloaded, NULL, (unsigned)c.threads);
-  for (int i = 0; i < c.threads; i++) {
-    w[i] = (worker){.c = &c, .z = &z, .id = i, .cap = cap};
-    w[i].lat = malloc(cap * sizeof *w[i].lat);
-    pthread_create(&t[i], NULL, run, &w[i]);
+  /* Latency samples: 64 MiB for all threads at most (one per call took 256 MiB a thread),
+   * and no more than a run can fill at ~2 M calls/s. Each thread's reservoir weighs the
+   * same in the percentiles: the threads run the same loop. */
+  size_t cap = (16u << 20) / (size_t)c.threads;
+  if ((double)cap > c.seconds * 2e6 + 1024) cap = (size_t)(c.seconds * 2e6) + 1024;
+  if (w == NULL || t == NULL) {
+    fprintf(stderr, "kv_load: out of memory\n");
+    return 1;
   }
-  uint64_t ops = 0, gets = 0, hits = 0, sets = 0, errors = 0, bad = 0;
-  size_t nlat = 0;
   for (int i = 0; i < c.threads; i++) {
+    w[i] = (worker){.c = &c, .z = &z, .id = i, .cap = cap,
+                    .lat_rng = 0x2545F4914F6CDD1Dull * (uint64_t)(i + 1)};
+    if ((w[i].lat = malloc(cap * sizeof *w[i].lat)) == NULL) {
+      fprintf(stderr, "kv_load: out of memory for %zu latency samples\n", cap);
+      return 1;
+    }
+  }
+  preload_left = c.threads;
+  int started = 0;
+  for (; started < c.threads; started++) {
+    int rc = pthread_create(&t[started], NULL, run, &w[started]);
+    if (rc != 0) {
+      fprintf(stderr, "kv_load: thread %d: pthread_create: %s\n", started, strerror(rc));
+      preload_leave(c.threads - started, false); /* the others must not wait for them */
+      break;
+    }
+  }
+  uint64_t ops = 0, gets = 0, hits = 0, sets = 0, errors = started < c.threads, bad = 0;
+  size_t nlat = 0;
+  int64_t t_begin = 0, t_end = 0;
+  for (int i = 0; i < started; i++) {
     pthread_join(t[i], NULL);
     if (w[i].setup_rc != 0) {
       fprintf(stderr, "kv_load: thread %d: %s\n", i, cxr_strerror(w[i].setup_rc));
       errors++;
     }
+    if (w[i].errors)
+      fprintf(stderr, "kv_load: thread %d: %llu failed calls, the first: %s\n", i,
+              (unsigned long long)w[i].errors, cxr_strerror(w[i].first_error));
     ops += w[i].ops, gets += w[i].gets, hits += w[i].hits, sets += w[i].sets;
     errors += w[i].errors, bad += w[i].bad_values, nlat += w[i].nlat;
+    if (w[i].t_begin && (t_begin == 0 || w[i].t_begin < t_begin)) t_begin = w[i].t_begin;
+    if (w[i].t_end > t_end) t_end = w[i].t_end;
   }
-  uint32_t *all = malloc((nlat ? nlat : 1) * sizeof *all);
+  /* calls/s over the time the loops really ran, not the --seconds asked for */
+  double secs = t_begin && t_end > t_begin ? (double)(t_end - t_begin) / 1e9 : 0;
+  uint32_t *all = malloc((nlat ? nlat : 1) * sizeof *all), lat_max = 0;
+  if (all == NULL) nlat = 0;
   size_t k = 0;
   for (int i = 0; i < c.threads; i++) {
-    memcpy(all + k, w[i].lat, w[i].nlat * sizeof *all);
+    if (all) memcpy(all + k, w[i].lat, w[i].nlat * sizeof *all);
     k += w[i].nlat;
+    if (w[i].lat_max > lat_max) lat_max = w[i].lat_max;
     free(w[i].lat);
   }
-  qsort(all, nlat, sizeof *all, cmp_u32);
+  if (nlat) qsort(all, nlat, sizeof *all, cmp_u32);
   const char *mix = c.workload == 'a' ? "50% get / 50% set" : c.workload == 'b' ? "95% get / 5% set" : "100% get";
   printf("kv_load%s: workload %c (%s), %d thread%s, %llu keys (zipf %.2f), values %u B, %.1f s\n",
          c.unix_path ? " over a Unix socket (baseline)" : " over cxrpc", c.workload - 32, mix, c.threads, c.threads == 1 ? "" : "s", (unsigned long long)c.keys,
          c.theta, c.value_size, c.seconds);
-  printf("  %llu calls  %.0f calls/s  (%.1f MB/s of values)  hits %.1f%%  errors %llu  bad values %llu\n",
-         (unsigned long long)ops, ops / c.seconds,
-         ((double)gets * (hits ? (double)hits / gets : 0) + (double)sets) * c.value_size / c.seconds / 1e6,
-         gets ? 100.0 * hits / gets : 0.0, (unsigned long long)errors, (unsigned long long)bad);
+  double bytes = ((double)hits + (double)sets) * c.value_size; /* values moved: hits, sets */
+  printf("  %llu calls  %.0f calls/s in %.2f s  (%.1f MB/s of values)  hits %.1f%%  errors %llu"
+         "  bad values %llu\n",
+         (unsigned long long)ops, secs > 0 ? ops / secs : 0.0, secs,
+         secs > 0 ? bytes / secs / 1e6 : 0.0, gets ? 100.0 * hits / gets : 0.0,
+         (unsigned long long)errors, (unsigned long long)bad);
+  if (errors)
+    printf("  (calls, calls/s and latency: successful calls only; %llu failed)\n",
+           (unsigned long long)errors);
   if (nlat) {
 #define P(q) (all[(size_t)((double)(nlat - 1) * (q))] / 1000.0)
-    printf("  latency us: p50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f  max %.1f\n", P(0.5), P(0.9),
-           P(0.99), P(0.999), all[nlat - 1] / 1000.0);
+    printf("  latency us: p50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f  max %.1f%s\n", P(0.5),
+           P(0.9), P(0.99), P(0.999), lat_max / 1000.0,
+           nlat < ops ? " (percentiles of a uniform sample)" : "");
   }
   free(all);
   free(w);
