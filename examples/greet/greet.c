@@ -97,54 +97,66 @@ static int serve(const char *name, int ready_fd) {
   return 0;
 }
 
+/* The client's side of the tour: one Say on conn. Returns 0 or the CXR_E* code; main stops
+ * the server whatever happened here (an early return must not leave it running). */
+static int client(cxr_conn *conn, pid_t server, int argc, char **argv) {
+  cxr_heap *h = cxr_conn_heap(conn);
+  greet_Hello *rq = greet_Hello_new(h);        /* built in place: never serialized */
+  if (rq == NULL) {
+    fprintf(stderr, "client: greet_Hello_new: %s\n", cxr_strerror(CXR_ENOMEM));
+    return CXR_ENOMEM;
+  }
+  cxr_str_setz(h, &rq->name, argc > 1 ? argv[1] : "world");
+  int ntags = argc > 2 ? argc - 2 : 0;
+  if (ntags > 0) {
+    CXR_VEC_ALLOC(h, rq->tags, (uint64_t)ntags);
+    for (int i = 0; i < ntags && rq->tags.items; i++)
+      cxr_str_setz(h, &rq->tags.items[i], argv[2 + i]);
+  }
+  greet_Reply *rs = NULL;
+  cxr_call_opts co;
+  cxr_call_opts_init(&co);
+  co.deadline_ns = 1000000000;                 /* 1 s */
+  int rc = greet_Greeter_Say(conn, rq, &rs, &co);
+  if (rc == 0) {
+    printf("server (pid %d) answered at %p: %.*s\n", (int)server, (void *)rs,
+           (int)rs->text.len, rs->text.ptr);
+    greet_Reply_free(h, rs);
+  } else {
+    fprintf(stderr, "client: Say: %s\n", cxr_strerror(rc));
+  }
+  greet_Hello_free(h, rq);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--server")) return serve(argv[2], 1);
   int p[2];
   if (pipe(p) != 0) return 1;
   pid_t server = fork();
+  if (server < 0) return 1;
   if (server == 0) {
     close(p[0]);
     _exit(serve("greet", p[1]));
   }
   close(p[1]);
   char c;
-  if (read(p[0], &c, 1) != 1) {
+  int st;
+  if (read(p[0], &c, 1) != 1) { /* it exited before it was ready: reap it */
     fprintf(stderr, "client: the server did not start\n");
+    waitpid(server, &st, 0);
     return 1;
   }
 
   cxr_conn *conn;
   int rc = cxr_connect(&conn, "greet", NULL);
   if (rc == 0) {
-    cxr_heap *h = cxr_conn_heap(conn);
-    greet_Hello *rq = greet_Hello_new(h);      /* built in place: never serialized */
-    if (rq == NULL) return 1;
-    cxr_str_setz(h, &rq->name, argc > 1 ? argv[1] : "world");
-    int ntags = argc > 2 ? argc - 2 : 0;
-    if (ntags > 0) {
-      CXR_VEC_ALLOC(h, rq->tags, (uint64_t)ntags);
-      for (int i = 0; i < ntags && rq->tags.items; i++)
-        cxr_str_setz(h, &rq->tags.items[i], argv[2 + i]);
-    }
-    greet_Reply *rs = NULL;
-    cxr_call_opts co;
-    cxr_call_opts_init(&co);
-    co.deadline_ns = 1000000000;               /* 1 s */
-    rc = greet_Greeter_Say(conn, rq, &rs, &co);
-    if (rc == 0) {
-      printf("server (pid %d) answered at %p: %.*s\n", (int)server, (void *)rs,
-             (int)rs->text.len, rs->text.ptr);
-      greet_Reply_free(h, rs);
-    } else {
-      fprintf(stderr, "client: Say: %s\n", cxr_strerror(rc));
-    }
-    greet_Hello_free(h, rq);
+    rc = client(conn, server, argc, argv);
     cxr_conn_close(conn);
   } else {
     fprintf(stderr, "client: cxr_connect: %s\n", cxr_strerror(rc));
   }
   kill(server, SIGTERM);
-  int st;
   waitpid(server, &st, 0);
   return rc == 0 ? 0 : 1;
 }
