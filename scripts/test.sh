@@ -27,6 +27,19 @@ run() { # run NAME BAZEL-ARGS...
   passed=$((passed + p)); failed=$((failed + f))
 }
 
+count_fuzz() { # count_fuzz OUTPUT EXIT-STATUS: scripts/fuzz.sh's lines, whatever its status
+  local p f
+  p=$(grep -c '^fuzz PASSED' "$1"); f=$(grep -c '^fuzz FAILED' "$1")
+  grep '^fuzz ' "$1" | sed 's/^/  /'
+  # A run that failed without naming a fuzzer (it died, or stopped before the fuzzers ran)
+  # still failed: counted once.
+  if [ "$2" -ne 0 ] && [ "$f" -eq 0 ]; then
+    f=1; echo "  [fuzz] scripts/fuzz.sh exited $2 without a 'fuzz FAILED' line:"
+    tail -20 "$1" | sed 's/^/    /'
+  fi
+  passed=$((passed + p)); failed=$((failed + f))
+}
+
 start=$SECONDS
 # The cross-rack suites skip themselves where network namespaces cannot be made (not root,
 # or a bare chroot whose "/" is not a mount point): say so loudly rather than pass quietly.
@@ -41,11 +54,8 @@ run asan --config=asan //...
 run tsan --config=tsan --test_tag_filters=-notsan //...
 if [ -x scripts/fuzz.sh ]; then
   echo "== fuzz: scripts/fuzz.sh"
-  if bash scripts/fuzz.sh >"$log/fuzz.out" 2>&1; then
-    passed=$((passed + $(grep -c '^fuzz PASSED' "$log/fuzz.out")))
-  fi
-  grep '^fuzz ' "$log/fuzz.out" | sed 's/^/  /'
-  failed=$((failed + $(grep -c '^fuzz FAILED' "$log/fuzz.out")))
+  bash scripts/fuzz.sh >"$log/fuzz.out" 2>&1
+  count_fuzz "$log/fuzz.out" $?
 fi
 # Where namespaces were unusable, the probes (here and in the suites) still left iproute2's
 # bind mount of /run/netns behind; with nothing in it, take it away again (a bare chroot
