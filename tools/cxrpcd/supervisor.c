@@ -14,8 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/seccomp.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -30,6 +33,7 @@
 
 typedef struct proc {
   int64_t pid;
+  int pidfd; /* the attached process itself: its pid stops counting once it is gone */
   int nfd;
   uintptr_t wbase;
   size_t wsize;
@@ -84,15 +88,45 @@ static int64_t tgid_of(sup *s, int64_t tid) {
   return g;
 }
 
+/* Whether the process behind pidfd has exited (a pidfd polls readable then). */
+static bool gone(int pidfd) {
+  struct pollfd p = {.fd = pidfd, .events = POLLIN};
+  return poll(&p, 1, 0) != 0;
+}
+
 /* A process is supervised if it, or an ancestor, is one we launched (the filter and its
- * listener are inherited across fork and exec and cannot be removed). */
+ * listener are inherited across fork and exec and cannot be removed). An attached process
+ * that exited no longer counts: its listener lives on while a descendant does, and its pid
+ * could be reused by anyone. */
 static bool supervised(sup *s, int64_t pid) {
   for (int depth = 0; pid > 1 && depth < 64; depth++) {
     for (int i = 0; i < s->nprocs; i++)
-      if (s->procs[i].pid == pid) return true;
+      if (s->procs[i].pid == pid && !gone(s->procs[i].pidfd)) return true;
     pid = read_status_field(pid, "PPid");
   }
   return false;
+}
+
+static void drop_proc(sup *s, int i) {
+  close(s->procs[i].nfd);
+  close(s->procs[i].pidfd);
+  s->procs[i] = s->procs[--s->nprocs];
+}
+
+/* Whether fd is a seccomp user-notification listener. Any other descriptor polls readable
+ * for good and fails every receive (ENOTTY): accepted, it made its sender count as
+ * supervised with no filter at all, and kept this loop spinning. The name alone could be
+ * imitated by nothing else (anon inodes are the kernel's), and the ioctl answers ENOENT
+ * for an unknown id only on a real listener. */
+static bool is_listener(int fd) {
+  char path[64], name[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, name, sizeof name - 1);
+  if (n <= 0) return false;
+  name[n] = '\0';
+  if (strcmp(name, "anon_inode:seccomp notify") != 0) return false;
+  uint64_t bogus = UINT64_MAX;
+  return ioctl(fd, SECCOMP_IOCTL_NOTIF_ID_VALID, &bogus) != 0 && errno == ENOENT;
 }
 
 static void drop_client(sup *s, int i) {
@@ -122,9 +156,16 @@ static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   if (fd < 0) return CXR_EPROTO;
   if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid != m->pid)
     return CXR_EPERM; /* only a process may attach itself */
+  if (!is_listener(fd)) return CXR_EINVAL;
+  /* A listener proves a filter somewhere, not in the sender: a process with none could
+   * pass one its filtered child made. Which filter it is, cxrpcd cannot read (see
+   * docs/sandbox.md: a filter of the sender's own making passes). */
+  if (read_status_field(m->pid, "Seccomp") != 2) return CXR_EPERM;
   if (s->nprocs == MAX_FDS) return CXR_EFULL;
   if (m->size == 0 || m->base + m->size < m->base) return CXR_EINVAL;
-  s->procs[s->nprocs++] = (proc){m->pid, fd, (uintptr_t)m->base, (size_t)m->size};
+  int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)m->pid, 0);
+  if (pidfd < 0) return CXR_EPERM;
+  s->procs[s->nprocs++] = (proc){m->pid, pidfd, fd, (uintptr_t)m->base, (size_t)m->size};
   CXR_INFO("cxrpcd: supervising pid %lld (window %#llx+%#llx)", (long long)m->pid,
            (unsigned long long)m->base, (unsigned long long)m->size);
   return 0;
@@ -215,10 +256,32 @@ static bool fd_names_heap(sup *s, int64_t tgid, int fd) {
   return heap;
 }
 
-static void on_notify(sup *s, int pi, struct seccomp_notif *req, struct seccomp_notif_resp *resp) {
-  proc *p = &s->procs[pi];
+static void on_alarm(int sig) { (void)sig; }
+
+/* Receives the notification poll announced. The receive blocks while none is pending, and
+ * another holder of the listener (its sender can keep a copy) can take the one we were
+ * woken for: a timer interrupts the wait so the loop never stops. 0, or the errno. */
+static int receive(int nfd, struct seccomp_notif *req) {
+  static const struct itimerval arm = {.it_value = {.tv_usec = 50000}}, off = {{0, 0}, {0, 0}};
   memset(req, 0, sizeof *req);
-  if (seccomp_notify_receive(p->nfd, req) != 0) return; /* the caller died meanwhile */
+  setitimer(ITIMER_REAL, &arm, NULL);
+  int rc = ioctl(nfd, SECCOMP_IOCTL_NOTIF_RECV, req) == 0 ? 0 : errno;
+  setitimer(ITIMER_REAL, &off, NULL);
+  return rc;
+}
+
+static void on_notify(sup *s, int pi, struct seccomp_notif *req,
+                      struct seccomp_notif_resp *resp) {
+  proc *p = &s->procs[pi];
+  int e = receive(p->nfd, req);
+  if (e == ENOENT) return; /* the caller died meanwhile */
+  if (e) {
+    /* Only a listener someone else also reads does this (EINTR: it took ours). */
+    CXR_WARN("cxrpcd: pid %lld: cannot receive (%s); no longer supervised", (long long)p->pid,
+             strerror(e));
+    drop_proc(s, pi); /* the loop walks the entries downwards: the moved one was seen */
+    return;
+  }
   int64_t tgid = tgid_of(s, req->pid);
   const void *tables[MAX_REGS];
   size_t bytes[MAX_REGS];
@@ -267,6 +330,9 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     free(s);
     return rc;
   }
+  /* For receive()'s timer: interrupts, never restarts, never kills. */
+  struct sigaction sa = {.sa_handler = on_alarm};
+  sigaction(SIGALRM, &sa, NULL);
   struct seccomp_notif *req = NULL;
   struct seccomp_notif_resp *resp = NULL;
   if (seccomp_notify_alloc(&req, &resp) != 0) {
@@ -290,8 +356,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
       if (ev & POLLIN) on_notify(s, i, req, resp);
       else if (ev & (POLLHUP | POLLERR | POLLNVAL)) { /* every supervised task exited */
         CXR_INFO("cxrpcd: pid %lld and its children are gone", (long long)s->procs[i].pid);
-        close(s->procs[i].nfd);
-        s->procs[i] = s->procs[--s->nprocs];
+        drop_proc(s, i);
       }
     }
     for (int i = nc - 1; i >= 0; i--)
@@ -303,7 +368,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     }
   }
   while (s->nclients) drop_client(s, 0);
-  for (int i = 0; i < s->nprocs; i++) close(s->procs[i].nfd);
+  while (s->nprocs) drop_proc(s, 0);
   close(s->lfd);
   unlink(path);
   seccomp_notify_free(req, resp);

@@ -1,0 +1,180 @@
+// cxrpcd's own defences, against processes that talk to its socket directly: what it takes
+// as a supervised process's listener, who may register a table for whom, how long a client
+// may hold a place, and who owns the socket path. A real cxrpcd process each time.
+#include <gtest/gtest.h>
+#include <errno.h>
+#include <linux/seccomp.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+
+#include <atomic>
+#include <thread>
+
+#include "tests/sandbox/harness.h"
+
+using namespace sbx;
+
+namespace {
+
+// One request on a fresh connection: the reply's status, or -9999 if none came within 2 s.
+// *conn, if given, receives the connection (left open), else it is closed.
+int request(const Supervisor &sup, uint32_t type, int64_t pid, uint64_t base, uint64_t size,
+            int fd, int *conn = nullptr) {
+  int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+  if (c < 0) return -9999;
+  cxr__cxrpcd_msg m = {};
+  m.magic = CXR__CXRPCD_MAGIC;
+  m.type = type;
+  m.pid = pid;
+  m.base = base;
+  m.size = size;
+  int rc = -9999;
+  if (cxr__msg_send(c, &m, fd) == 0 && cxr__msg_recv(c, &m, NULL, 2000000000ll) == 0 &&
+      m.type == CXR__MSG_REPLY)
+    rc = m.status;
+  if (conn) *conn = c;
+  else close(c);
+  return rc;
+}
+
+int attach(const Supervisor &sup, int64_t pid, int fd) {
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  return request(sup, CXR__MSG_ATTACH, pid, wbase, wsize, fd);
+}
+
+// Registers a fresh table (cxr_seal_table_create's) for pid: cxr_seal_table_enforce's answer.
+int register_for(const Supervisor &sup, int64_t pid) {
+  cxr_seal_table *t = nullptr;
+  if (cxr_seal_table_create(&t, nullptr) != 0) return -9999;
+  int rc = cxr_seal_table_set_peer(t, (int)pid, nullptr, 0);
+  if (rc == 0) rc = cxr_seal_table_enforce(t, sup.sock.c_str());
+  cxr_seal_table_close(t);
+  return rc;
+}
+
+// Puts this process under the enforcement filter (irreversible: children only): its listener.
+int filter_self() {
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  return cxr__enforce_filter_load(wbase, wsize);
+}
+
+bool stats_answer(const Supervisor &sup) {
+  uint64_t a = 0, r = 0;
+  return supervisor_stats(sup, &a, &r);
+}
+
+}  // namespace
+
+TEST(CxrpcdAttach, ADescriptorThatIsNoSeccompListenerIsRefused) {
+  // A process without any filter sent ATTACH with a memfd: accepted, it then counted as
+  // supervised (a server registered its tables and accepted its sealed calls, while it
+  // could mprotect the sealed pages at will), and cxrpcd span on the memfd (always
+  // readable, every receive ENOTTY).
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  EXPECT_EQ(register_for(sup, getpid()), CXR_EPERM);
+  int fd = memfd_create("not-a-listener", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(attach(sup, getpid(), fd), CXR_EINVAL);
+  close(fd);
+  EXPECT_EQ(register_for(sup, getpid()), CXR_EPERM);
+  EXPECT_TRUE(stats_answer(sup));
+  stop_supervisor(&sup);
+}
+
+TEST(CxrpcdAttach, AnUnfilteredProcessCannotAttachItsChildsListener) {
+  // A real listener proves a filter, not that the sender is under it: a child installs the
+  // enforcement filter and hands its listener to us (no filter); we must not count as
+  // supervised.
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(sv[0]);
+    int nfd = filter_self();
+    cxr__cxrpcd_msg m = {};
+    m.magic = CXR__CXRPCD_MAGIC;
+    m.type = CXR__MSG_REPLY;
+    m.status = nfd < 0 ? nfd : 0;
+    cxr__msg_send(sv[1], &m, nfd);
+    char b;
+    (void)!read(sv[1], &b, 1);  // until the parent is done
+    _exit(0);
+  }
+  close(sv[1]);
+  cxr__cxrpcd_msg m = {};
+  int nfd = -1;
+  ASSERT_EQ(cxr__msg_recv(sv[0], &m, &nfd, 10000000000ll), 0);
+  ASSERT_EQ(m.status, 0);
+  ASSERT_GE(nfd, 0);
+  EXPECT_EQ(attach(sup, getpid(), nfd), CXR_EPERM);
+  EXPECT_EQ(register_for(sup, getpid()), CXR_EPERM);
+  close(nfd);
+  close(sv[0]);
+  int st;
+  waitpid(child, &st, 0);
+  stop_supervisor(&sup);
+}
+
+TEST(CxrpcdAttach, AListenerItsSenderAlsoReadsDoesNotStopTheSupervisor) {
+  // The receive blocks while no notification is pending. A process that attaches its own
+  // listener and keeps reading a copy takes notifications cxrpcd was woken for, and cxrpcd
+  // waited in the receive for good (no client served, no other process decided). Now the
+  // wait is cut short and that process is dropped.
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  int done[2];
+  ASSERT_EQ(pipe2(done, O_CLOEXEC), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(done[0]);
+    int nfd = filter_self();
+    if (nfd < 0 || attach(sup, getpid(), nfd) != 0) _exit(1);
+    // Our own reader, answering what it takes (so the raisers go on).
+    std::thread reader([nfd] {
+      struct seccomp_notif req;
+      struct seccomp_notif_resp resp;
+      for (;;) {
+        memset(&req, 0, sizeof req);
+        if (ioctl(nfd, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) continue;
+        memset(&resp, 0, sizeof resp);
+        resp.id = req.id;
+        resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+        ioctl(nfd, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+      }
+    });
+    reader.detach();
+    // Raises in the window (on nothing mapped: ENOMEM once let through), from 4 threads.
+    uintptr_t wbase;
+    size_t wsize;
+    cxr__sbx_window(&wbase, &wsize);
+    void *p = (void *)(wbase + wsize / 2 + 0x123000);
+    std::vector<std::thread> raisers;
+    for (int k = 0; k < 4; k++)
+      raisers.emplace_back([p] {
+        for (int i = 0; i < 3000; i++) mprotect(p, 4096, PROT_READ | PROT_WRITE);
+      });
+    for (auto &r : raisers) r.join();
+    (void)!write(done[1], "x", 1);
+    pause();  // alive, holding the listener, making no more syscalls
+    _exit(0);
+  }
+  close(done[1]);
+  struct pollfd p = {done[0], POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 20000), 1) << "the raisers took over 20 s";
+  // cxrpcd answers within 2 s (it was left waiting in a receive, answering no one).
+  EXPECT_TRUE(stats_answer(sup));
+  kill(child, SIGKILL);
+  int st;
+  waitpid(child, &st, 0);
+  close(done[0]);
+  stop_supervisor(&sup);
+}
