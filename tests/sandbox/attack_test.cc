@@ -15,7 +15,7 @@
 #include <atomic>
 #include <thread>
 
-#include "tests/sandbox/harness.h"
+#include "tests/sandbox/enforced.h"
 
 using namespace sbx;
 
@@ -136,28 +136,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, Attack, ::testing::Values(COOP, ENFORCED, MEMFD)
                          });
 
 // Enforced mode, step by step.
-class Enforced : public ::testing::Test {
- protected:
-  Supervisor sup;
-  Heap heap;
-  cxr_seal_table *t = nullptr;
-  Agent ag;
-  void SetUp() override {
-    ASSERT_TRUE(start_supervisor(&sup));
-    ASSERT_TRUE(make_heap(&heap, 64 * 4096, false));
-    ASSERT_EQ(cxr_seal_table_create(&t, nullptr), 0);
-    ASSERT_TRUE(spawn_agent(&ag, heap, t, 1, &sup));
-    ASSERT_EQ(agent_do(&ag, AG_FLUSH).rc, 0);
-    ASSERT_EQ(cxr_seal_table_set_peer(t, ag.pid, heap.p(), heap.size), 0);
-    ASSERT_EQ(cxr_seal_table_enforce(t, sup.sock.c_str()), 0);
-  }
-  void TearDown() override {
-    if (ag.pid > 0) stop_agent(&ag);
-    cxr_seal_table_close(t);
-    drop_heap(&heap);
-    stop_supervisor(&sup);
-  }
-};
+using Enforced = EnforcedTest;
 
 TEST_F(Enforced, RaisesBeforeDoneAreRefusedAndReleaseAfterIsAllowed) {
   unsigned char *p = heap.p() + 4 * 4096;

@@ -10,7 +10,7 @@
 #include <atomic>
 #include <thread>
 
-#include "tests/sandbox/harness.h"
+#include "tests/sandbox/enforced.h"
 
 using namespace sbx;
 
@@ -177,4 +177,35 @@ TEST(CxrpcdAttach, AListenerItsSenderAlsoReadsDoesNotStopTheSupervisor) {
   waitpid(child, &st, 0);
   close(done[0]);
   stop_supervisor(&sup);
+}
+
+using CxrpcdEnforced = EnforcedTest;
+
+TEST_F(CxrpcdEnforced, IdleConnectionsDoNotLockOthersOut) {
+  // 256 clients filled cxrpcd's table for good if they never sent anything: every later
+  // connection was closed at once, so `cxrpcd run` and enforcing servers were refused. Now
+  // a connection has 1 s to send, and a user at its bound gives up its own oldest idle one.
+  std::vector<int> idle;
+  for (int i = 0; i < 300; i++) {
+    int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+    ASSERT_GE(c, 0);
+    idle.push_back(c);
+  }
+  usleep(100000);  // all accepted
+  int64_t t0 = cxr_now_ns();
+  EXPECT_TRUE(stats_answer(sup));
+  EXPECT_LT(cxr_now_ns() - t0, 1500000000ll);
+  // The registration made before, whose connection sends nothing more, still holds.
+  EXPECT_EQ(raise_over_active_seal(4), -EPERM);
+  // Within about a second every idle connection is closed by cxrpcd.
+  int open = 0;
+  int64_t end = cxr_now_ns() + 3000000000ll;  // one bound for all of them
+  for (int c : idle) {
+    int64_t left = end - cxr_now_ns();
+    struct pollfd p = {c, POLLIN, 0};
+    if (poll(&p, 1, left > 0 ? (int)(left / 1000000) : 0) != 1) open++;
+    close(c);
+  }
+  EXPECT_EQ(open, 0);
+  EXPECT_EQ(raise_over_active_seal(5), -EPERM);
 }

@@ -28,11 +28,19 @@
 #include "shm/log.h"
 #include "tools/cxrpcd/supervisor.h"
 
-#define MAX_FDS 256
-#define MAX_REGS 256
+/* Room for several users, and a bound per user (uid) so that one cannot take it all: a
+ * uid gets at most a quarter of the clients and of the supervised processes. */
+#define MAX_CLIENTS 1024
+#define MAX_PROCS 1024
+#define MAX_REGS 1024
+#define PER_UID 256
+/* A client's time to send its request: launchers and registrants send as soon as they
+ * connect. Only a connection that holds a registration stays open without one. */
+#define IDLE_NS 1000000000ll
 
 typedef struct proc {
   int64_t pid;
+  uid_t uid;
   int pidfd; /* the attached process itself: its pid stops counting once it is gone */
   int nfd;
   uintptr_t wbase;
@@ -48,11 +56,18 @@ typedef struct reg {
   int owner; /* the receiver's connection: the registration ends with it */
 } reg;
 
+typedef struct client {
+  int fd;
+  uid_t uid;
+  bool holds;       /* a registration lasts while this connection does */
+  int64_t deadline; /* its next request, or it is closed (unless it holds) */
+} client;
+
 typedef struct sup {
   int lfd;
-  int clients[MAX_FDS];
+  client clients[MAX_CLIENTS];
   int nclients;
-  proc procs[MAX_FDS];
+  proc procs[MAX_PROCS];
   int nprocs;
   reg regs[MAX_REGS];
   int nregs;
@@ -130,7 +145,7 @@ static bool is_listener(int fd) {
 }
 
 static void drop_client(sup *s, int i) {
-  int fd = s->clients[i];
+  int fd = s->clients[i].fd;
   for (int r = 0; r < s->nregs;)
     if (s->regs[r].owner == fd) {
       munmap(s->regs[r].mem, s->regs[r].bytes);
@@ -161,11 +176,16 @@ static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
    * pass one its filtered child made. Which filter it is, cxrpcd cannot read (see
    * docs/sandbox.md: a filter of the sender's own making passes). */
   if (read_status_field(m->pid, "Seccomp") != 2) return CXR_EPERM;
-  if (s->nprocs == MAX_FDS) return CXR_EFULL;
+  int mine = 0;
+  for (int i = 0; i < s->nprocs; i++) {
+    if (s->procs[i].pid == m->pid && !gone(s->procs[i].pidfd)) return CXR_EBUSY;
+    mine += s->procs[i].uid == cr.uid;
+  }
+  if (s->nprocs == MAX_PROCS || mine >= PER_UID) return CXR_EFULL;
   if (m->size == 0 || m->base + m->size < m->base) return CXR_EINVAL;
   int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)m->pid, 0);
   if (pidfd < 0) return CXR_EPERM;
-  s->procs[s->nprocs++] = (proc){m->pid, pidfd, fd, (uintptr_t)m->base, (size_t)m->size};
+  s->procs[s->nprocs++] = (proc){m->pid, cr.uid, pidfd, fd, (uintptr_t)m->base, (size_t)m->size};
   CXR_INFO("cxrpcd: supervising pid %lld (window %#llx+%#llx)", (long long)m->pid,
            (unsigned long long)m->base, (unsigned long long)m->size);
   return 0;
@@ -200,7 +220,7 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
 
 static void on_client(sup *s, int i) {
   cxr__cxrpcd_msg m;
-  int fd = -1, cfd = s->clients[i];
+  int fd = -1, cfd = s->clients[i].fd;
   int rc = cxr__msg_recv(cfd, &m, &fd, 0);
   if (rc) {
     drop_client(s, i);
@@ -215,6 +235,7 @@ static void on_client(sup *s, int i) {
       break;
     case CXR__MSG_REGISTER:
       rc = on_register(s, cfd, &m, fd);
+      if (rc == 0) s->clients[i].holds = true;
       sent = reply(cfd, rc);
       break;
     case CXR__MSG_STATS: {
@@ -230,7 +251,48 @@ static void on_client(sup *s, int i) {
   if (sent != 0) {
     CXR_WARN("cxrpcd: a client does not read its replies (%s); dropping it", cxr_strerror(sent));
     drop_client(s, i);
+    return;
   }
+  s->clients[i].deadline = cxr_now_ns() + IDLE_NS;
+}
+
+/* A new connection. A uid at its bound gives up its own oldest connection that holds no
+ * registration (a fresh client of a user is served; a user who opens many waits only on
+ * itself), else the new one is closed. */
+static void on_accept(sup *s, int c) {
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
+    close(c);
+    return;
+  }
+  int n = 0, oldest = -1;
+  for (int i = 0; i < s->nclients; i++) {
+    if (s->clients[i].uid != cr.uid) continue;
+    n++;
+    if (!s->clients[i].holds &&
+        (oldest < 0 || s->clients[i].deadline < s->clients[oldest].deadline))
+      oldest = i;
+  }
+  if (n >= PER_UID) {
+    if (oldest < 0) {
+      close(c);
+      return;
+    }
+    drop_client(s, oldest);
+  }
+  s->clients[s->nclients++] = (client){c, cr.uid, false, cxr_now_ns() + IDLE_NS};
+}
+
+/* Closes the clients whose time ran out; the poll timeout until the next one runs out. */
+static int expire(sup *s) {
+  int64_t now = cxr_now_ns(), next = now + 200000000ll;
+  for (int i = s->nclients - 1; i >= 0; i--) {
+    if (s->clients[i].holds) continue;
+    if (s->clients[i].deadline <= now) drop_client(s, i);
+    else if (s->clients[i].deadline < next) next = s->clients[i].deadline;
+  }
+  return (int)((next - now) / 1000000) + 1;
 }
 
 /* Whether descriptor fd of process tgid is a heap file registered for it. Looked up with
@@ -340,13 +402,16 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     free(s);
     return CXR_ENOMEM;
   }
-  struct pollfd pf[1 + 2 * MAX_FDS];
+  static struct pollfd pf[1 + MAX_CLIENTS + MAX_PROCS];
   while (!*stop) {
-    int n = 0;
-    pf[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
-    for (int i = 0; i < s->nclients; i++) pf[n++] = (struct pollfd){.fd = s->clients[i], .events = POLLIN};
-    for (int i = 0; i < s->nprocs; i++) pf[n++] = (struct pollfd){.fd = s->procs[i].nfd, .events = POLLIN};
-    int r = poll(pf, (nfds_t)n, 200);
+    int n = 0, ms = expire(s);
+    /* A full table leaves new connections in the backlog until a client goes. */
+    pf[n++] = (struct pollfd){.fd = s->nclients < MAX_CLIENTS ? s->lfd : -1, .events = POLLIN};
+    for (int i = 0; i < s->nclients; i++)
+      pf[n++] = (struct pollfd){.fd = s->clients[i].fd, .events = POLLIN};
+    for (int i = 0; i < s->nprocs; i++)
+      pf[n++] = (struct pollfd){.fd = s->procs[i].nfd, .events = POLLIN};
+    int r = poll(pf, (nfds_t)n, ms);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
     /* Notifications first: a supervised thread is blocked until we answer. */
@@ -363,8 +428,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
       if (pf[1 + i].revents) on_client(s, i);
     if (pf[0].revents & POLLIN) {
       int c = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK); /* see reply() */
-      if (c >= 0 && s->nclients < MAX_FDS) s->clients[s->nclients++] = c;
-      else if (c >= 0) close(c);
+      if (c >= 0) on_accept(s, c);
     }
   }
   while (s->nclients) drop_client(s, 0);
