@@ -13,6 +13,7 @@ enum agent_op {
   AG_ATTACK,       /* a = attack kind, b = addr, c = len: the attack, then a marker write */
   AG_MAP,          /* a = addr, b = len: mmap(MAP_FIXED) of the heap fd at its offset */
   AG_EXIT,
+  AG_MAP_TABLE,    /* a = pid, b = fd: maps /proc/a/fd/b read-only (a table it takes) */
 };
 
 enum agent_attack {

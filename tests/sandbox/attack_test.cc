@@ -209,8 +209,8 @@ TEST_F(Enforced, RegistrationEndsWithTheReceiversTable) {
   EXPECT_EQ(rc, 0);
 }
 
-// Registers a table for the agent as any process may (cxrpcd checks the pid it names, not
-// the sender): the reply's status, or -9999. *conn stays open (the registration lasts while
+// Registers a table for the agent (cxrpcd takes only a table the agent maps): the reply's
+// status, or -9999. *conn stays open (the registration lasts while
 // it does).
 static int register_table(const Supervisor &sup, int fd, int64_t pid, int *conn) {
   *conn = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
@@ -259,6 +259,7 @@ TEST_F(Enforced, ATableWhoseSlotCountGrowsIsWalkedInsideItsMapping) {
   cxr__seal_hdr *w = nullptr;
   int fd = fake_table(4, kTableSeals, &w);
   ASSERT_GE(fd, 0);
+  ASSERT_EQ(agent_do(&ag, AG_MAP_TABLE, (uint64_t)getpid(), (uint64_t)fd).rc, 0);  // takes it
   int conn = -1;
   ASSERT_EQ(register_table(sup, fd, ag.pid, &conn), 0);
   std::atomic<bool> stop{false};

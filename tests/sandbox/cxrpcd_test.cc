@@ -209,3 +209,29 @@ TEST_F(CxrpcdEnforced, IdleConnectionsDoNotLockOthersOut) {
   EXPECT_EQ(open, 0);
   EXPECT_EQ(raise_over_active_seal(5), -EPERM);
 }
+
+TEST_F(CxrpcdEnforced, OnlyATableTheSenderTookIsRegisteredForIt) {
+  // Anyone who could reach the socket registered a table of its own for any supervised
+  // pid, and cxrpcd then refused that process's raises and unmaps wherever the table said:
+  // here a record being written (claimed, no length yet), which holds the whole window.
+  // Now the named process must map the table (a sender maps its server's table before it
+  // seals anything).
+  cxr__seal_hdr *w = nullptr;
+  int fd = fake_table(4, kTableSeals, &w);
+  ASSERT_GE(fd, 0);
+  cxr__seal_rec *r = cxr__seal_recs(w);
+  __atomic_store_n(&r[0].len, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&r[0].state, (uint64_t)CXR__SEAL_CLAIM, __ATOMIC_RELEASE);
+  int conn = -1;
+  EXPECT_EQ(request(sup, CXR__MSG_REGISTER, ag.pid, 0, 0, fd, &conn), CXR_EPERM);
+  unsigned char *p = heap.p() + 8 * 4096;  // no seal there
+  EXPECT_EQ(agent_do(&ag, AG_ATTACK, AT_MPROTECT, (uintptr_t)p, 4096).rc, 0);
+  close(conn);  // (a registration would have lasted until now)
+  // Once the sender took it, the same table is registered and counts.
+  ASSERT_EQ(agent_do(&ag, AG_MAP_TABLE, (uint64_t)getpid(), (uint64_t)fd).rc, 0);
+  EXPECT_EQ(request(sup, CXR__MSG_REGISTER, ag.pid, 0, 0, fd, &conn), 0);
+  EXPECT_EQ(agent_do(&ag, AG_ATTACK, AT_MPROTECT, (uintptr_t)p + 4096, 4096).rc, -EPERM);
+  close(conn);
+  munmap(w, cxr__seal_bytes(4));
+  close(fd);
+}

@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -191,6 +192,25 @@ static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   return 0;
 }
 
+/* Whether process pid maps the file (dev, ino) (as /proc/<pid>/maps shows it). */
+static bool maps_file(int64_t pid, dev_t dev, ino_t ino) {
+  char path[64], line[512];
+  snprintf(path, sizeof path, "/proc/%lld/maps", (long long)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return false;
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f)) {
+    unsigned maj, mnr;
+    unsigned long long i;
+    if (sscanf(line, "%*x-%*x %*s %*x %x:%x %llu", &maj, &mnr, &i) == 3)
+      found = maj == major(dev) && mnr == minor(dev) && i == (unsigned long long)ino;
+    if (!strchr(line, '\n')) /* a path longer than the line: skip the rest */
+      for (int c; (c = fgetc(f)) != EOF && c != '\n';) continue;
+  }
+  fclose(f);
+  return found;
+}
+
 static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   if (fd < 0) return CXR_EPROTO;
   if (!supervised(s, m->pid)) return CXR_EPERM;
@@ -202,6 +222,11 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   if (rc) return rc;
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 26)) return CXR_ECORRUPT;
+  /* The sender took this table: it maps it (rpc's client maps its server's table before
+   * its first sealed call, which is when the server registers). Anyone who could reach the
+   * socket used to register a table of its own for any supervised pid, and cxrpcd then
+   * refused that process's raises and unmaps wherever the table's records said. */
+  if (!maps_file(m->pid, st.st_dev, st.st_ino)) return CXR_EPERM;
   void *mem = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) return cxr__from_errno(errno);
   /* Each decision checks the header again (cxr__seal_overlaps_active), reading it once. */
