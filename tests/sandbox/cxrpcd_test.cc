@@ -6,6 +6,7 @@
 #include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <thread>
@@ -234,4 +235,82 @@ TEST_F(CxrpcdEnforced, OnlyATableTheSenderTookIsRegisteredForIt) {
   close(conn);
   munmap(w, cxr__seal_bytes(4));
   close(fd);
+}
+
+namespace {
+
+// Runs `cxrpcd serve --socket path`: its pid; *err receives the read end of its stderr.
+pid_t serve_at(const std::string &path, int *err) {
+  int pe[2];
+  if (pipe2(pe, O_CLOEXEC) != 0) return -1;
+  std::string bin = runfile("tools/cxrpcd/cxrpcd");
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(pe[1], 2);
+    execl(bin.c_str(), "cxrpcd", "serve", "--socket", path.c_str(), (char *)NULL);
+    _exit(127);
+  }
+  close(pe[1]);
+  *err = pe[0];
+  return pid;
+}
+
+// Its exit status within 5 s, or -1 (then it is killed).
+int exit_within_5s(pid_t pid) {
+  int st = 0;
+  for (int i = 0; i < 500; i++) {
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  return -1;
+}
+
+}  // namespace
+
+TEST_F(CxrpcdEnforced, ASecondSupervisorDoesNotTakeTheSocket) {
+  // A second `cxrpcd serve` on the same path unlinked the first's socket and served there:
+  // the first kept its supervised processes, whose later registrations reached the second
+  // and were refused (CXR_EPERM: not its own). Now it refuses to start.
+  int err = -1;
+  pid_t second = serve_at(sup.sock, &err);
+  ASSERT_GT(second, 0);
+  EXPECT_EQ(exit_within_5s(second), 1) << "the second cxrpcd did not refuse to start";
+  char msg[256] = {};
+  (void)!read(err, msg, sizeof msg - 1);
+  close(err);
+  EXPECT_NE(strstr(msg, "another cxrpcd"), nullptr) << msg;
+  // The agent's next registration still reaches the supervisor that supervises it.
+  cxr_seal_table *t2 = nullptr;
+  ASSERT_EQ(cxr_seal_table_create(&t2, nullptr), 0);
+  ASSERT_EQ(agent_do(&ag, AG_MAP_TABLE, (uint64_t)getpid(), (uint64_t)cxr_seal_table_fd(t2)).rc,
+            0);
+  ASSERT_EQ(cxr_seal_table_set_peer(t2, ag.pid, heap.p(), heap.size), 0);
+  EXPECT_EQ(cxr_seal_table_enforce(t2, sup.sock.c_str()), 0);
+  cxr_seal_table_close(t2);
+}
+
+TEST(CxrpcdSocket, AStaleSocketIsReplaced) {
+  // A socket no one listens on (its cxrpcd died) is unlinked and taken.
+  char dir[] = "/tmp/cxrpcd-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string path = std::string(dir) + "/sock";
+  struct sockaddr_un a = {};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  ASSERT_EQ(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+  close(s);  // left behind, as by a cxrpcd that died
+  int err = -1;
+  Supervisor sup;
+  sup.sock = path;
+  sup.pid = serve_at(path, &err);
+  ASSERT_GT(sup.pid, 0);
+  close(err);
+  int c = cxr__cxrpcd_connect(path.c_str(), 5000000000ll);
+  EXPECT_GE(c, 0);
+  if (c >= 0) close(c);
+  EXPECT_TRUE(stats_answer(sup));
+  stop_supervisor(&sup);  // and the directory
 }

@@ -1,7 +1,8 @@
 /*
  * cxrpcd: the optional trusted supervisor of enforced mode.
  *
- *   cxrpcd serve [--socket PATH]              supervise (until SIGTERM/SIGINT)
+ *   cxrpcd serve [--socket PATH]              supervise (until SIGTERM/SIGINT); exits 1 if
+ *                                             another cxrpcd answers at PATH
  *   cxrpcd run [--socket PATH] -- PROGRAM ... run PROGRAM under the enforcement filter
  *   cxrpcd stats [--socket PATH]              decisions so far (allowed, refused)
  *

@@ -402,16 +402,43 @@ static void on_notify(sup *s, int pi, struct seccomp_notif *req,
   seccomp_notify_respond(p->nfd, resp);
 }
 
+/* Makes way for our socket at path: 0 if nothing is there or what is there is a socket no
+ * one listens on (left by a cxrpcd that died). Another cxrpcd answering there keeps it:
+ * unlinking its socket left it serving its supervised processes unreachable (their later
+ * registrations reached us, and we refused them: not ours). */
+static int claim_path(const struct sockaddr_un *a) {
+  struct stat st;
+  if (lstat(a->sun_path, &st) != 0) return errno == ENOENT ? 0 : cxr__from_errno(errno);
+  if (!S_ISSOCK(st.st_mode)) {
+    fprintf(stderr, "cxrpcd: %s exists and is not a socket\n", a->sun_path);
+    return CXR_EEXIST;
+  }
+  int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (c < 0) return cxr__from_errno(errno);
+  int rc = connect(c, (const struct sockaddr *)a, sizeof *a) == 0 ? 0 : errno;
+  close(c);
+  if (rc == 0) {
+    fprintf(stderr, "cxrpcd: another cxrpcd serves on %s; not starting\n", a->sun_path);
+    return CXR_EBUSY;
+  }
+  if (rc != ECONNREFUSED) {
+    fprintf(stderr, "cxrpcd: cannot tell whether %s is in use: %s\n", a->sun_path, strerror(rc));
+    return cxr__from_errno(rc);
+  }
+  return unlink(a->sun_path) == 0 || errno == ENOENT ? 0 : cxr__from_errno(errno);
+}
+
 int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   struct sockaddr_un a = {.sun_family = AF_UNIX};
   if (!path || strlen(path) >= sizeof a.sun_path) return CXR_EINVAL;
   strcpy(a.sun_path, path);
+  int rc = claim_path(&a);
+  if (rc) return rc;
   sup *s = calloc(1, sizeof *s);
   if (!s) return CXR_ENOMEM;
   s->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  unlink(path);
   if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->lfd, 64) != 0) {
-    int rc = cxr__from_errno(errno);
+    rc = cxr__from_errno(errno);
     CXR_ERR("cxrpcd: cannot listen on %s: %s", path, strerror(errno));
     if (s->lfd >= 0) close(s->lfd);
     free(s);
