@@ -63,6 +63,16 @@ int filter_self() {
   return cxr__enforce_filter_load(wbase, wsize);
 }
 
+// Forks a child that puts itself under the filter and attaches to sup (it exits 1 if it
+// cannot): the child's pid in the parent, 0 in the child (*nfd: its listener, kept).
+pid_t fork_attached(const Supervisor &sup, int *nfd) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  *nfd = filter_self();
+  if (*nfd < 0 || attach(sup, getpid(), *nfd) != 0) _exit(1);
+  return 0;
+}
+
 bool stats_answer(const Supervisor &sup) {
   uint64_t a = 0, r = 0;
   return supervisor_stats(sup, &a, &r);
@@ -133,12 +143,11 @@ TEST(CxrpcdAttach, AListenerItsSenderAlsoReadsDoesNotStopTheSupervisor) {
   ASSERT_TRUE(start_supervisor(&sup));
   int done[2];
   ASSERT_EQ(pipe2(done, O_CLOEXEC), 0);
-  pid_t child = fork();
+  int nfd = -1;
+  pid_t child = fork_attached(sup, &nfd);
   ASSERT_GE(child, 0);
   if (child == 0) {
     close(done[0]);
-    int nfd = filter_self();
-    if (nfd < 0 || attach(sup, getpid(), nfd) != 0) _exit(1);
     // Our own reader, answering what it takes (so the raisers go on).
     std::thread reader([nfd] {
       struct seccomp_notif req;
@@ -313,4 +322,89 @@ TEST(CxrpcdSocket, AStaleSocketIsReplaced) {
   if (c >= 0) close(c);
   EXPECT_TRUE(stats_answer(sup));
   stop_supervisor(&sup);  // and the directory
+}
+
+TEST(CxrpcdDecisions, AReusedThreadIdIsDecidedForItsNewProcess) {
+  // cxrpcd cached which process a thread id belongs to and never let go: once the thread
+  // exited, a new process given that id (after pid wrap) was decided with the old
+  // process's tables, and its raise over its own active seal went through. Here the new
+  // process gets the id at once: ns_last_pid (root in the test's pid namespace).
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  // A supervised process (no tables) whose second thread makes a decided syscall and exits.
+  int tp[2];
+  ASSERT_EQ(pipe2(tp, O_CLOEXEC), 0);
+  int nfd = -1;
+  pid_t first = fork_attached(sup, &nfd);
+  ASSERT_GE(first, 0);
+  if (first == 0) {
+    close(nfd);
+    uintptr_t wbase;
+    size_t wsize;
+    cxr__sbx_window(&wbase, &wsize);
+    pid_t tid = 0;
+    std::thread th([&] {
+      tid = (pid_t)syscall(SYS_gettid);
+      mprotect((void *)(wbase + wsize / 2 + 0x123000), 4096, PROT_READ | PROT_WRITE);
+    });
+    th.join();
+    (void)!write(tp[1], &tid, sizeof tid);
+    pause();
+    _exit(0);
+  }
+  close(tp[1]);
+  pid_t tid = 0;
+  struct pollfd pp = {tp[0], POLLIN, 0};
+  ASSERT_EQ(poll(&pp, 1, 10000), 1);
+  ASSERT_EQ(read(tp[0], &tid, sizeof tid), (ssize_t)sizeof tid);
+  close(tp[0]);
+  ASSERT_GT(tid, 0);
+  ASSERT_NE(tid, first);
+  // The next process forked gets that id, once the thread's id is free (a join returns a
+  // moment before the kernel lets go of it).
+  std::string tdir = "/proc/" + std::to_string(tid);
+  for (int i = 0; i < 200 && access(tdir.c_str(), F_OK) == 0; i++) usleep(10000);
+  Heap heap;
+  ASSERT_TRUE(make_heap(&heap, 64 * 4096, false));
+  cxr_seal_table *t = nullptr;
+  ASSERT_EQ(cxr_seal_table_create(&t, nullptr), 0);
+  Agent ag;
+  bool set = false;
+  pid_t got = -1;
+  for (int attempt = 0; attempt < 10 && got != tid; attempt++) {  // the id may free late
+    if (ag.pid > 0) stop_agent(&ag);
+    usleep(attempt * 50000);
+    FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+    set = f && fprintf(f, "%d", tid - 1) > 0;
+    if (f) set = fclose(f) == 0 && set;
+    if (!set) break;
+    ASSERT_TRUE(spawn_agent(&ag, heap, t, 1, &sup));
+    got = ag.pid;
+  }
+  if (!set || ag.pid != tid) {
+    if (ag.pid > 0) stop_agent(&ag);
+    cxr_seal_table_close(t);
+    drop_heap(&heap);
+    kill(first, SIGKILL);
+    waitpid(first, nullptr, 0);
+    stop_supervisor(&sup);
+    GTEST_SKIP() << "cannot give the next process id " << tid << " (ns_last_pid: "
+                 << (set ? "written" : strerror(errno)) << ", got " << got << ")";
+  }
+  ASSERT_EQ(agent_do(&ag, AG_FLUSH).rc, 0);
+  ASSERT_EQ(cxr_seal_table_set_peer(t, ag.pid, heap.p(), heap.size), 0);
+  ASSERT_EQ(cxr_seal_table_enforce(t, sup.sock.c_str()), 0);
+  unsigned char *p = heap.p() + 4 * 4096;
+  agent_msg m = agent_do(&ag, AG_SEAL, (uintptr_t)p, 4096);
+  ASSERT_EQ(m.rc, 0);
+  ASSERT_EQ(cxr_seal_table_check(t, m.r, p, 4096), 0);
+  EXPECT_EQ(agent_do(&ag, AG_ATTACK, AT_MPROTECT, (uintptr_t)p, 4096).rc, -EPERM);
+  EXPECT_EQ(unchanged(p, 4096, 0x11), 1);
+  cxr_seal_table_done(t, m.r);
+  stop_agent(&ag);
+  cxr_seal_table_close(t);
+  drop_heap(&heap);
+  kill(first, SIGKILL);
+  waitpid(first, nullptr, 0);
+  stop_supervisor(&sup);
 }

@@ -72,7 +72,7 @@ typedef struct sup {
   int nprocs;
   reg regs[MAX_REGS];
   int nregs;
-  struct { int64_t tid, tgid; } tcache[64];
+  struct { int64_t tid, tgid; int pidfd; } tcache[64]; /* used if tid > 0 */
   unsigned tnext;
   uint64_t allowed, refused;
 } sup;
@@ -93,21 +93,40 @@ static int64_t read_status_field(int64_t pid, const char *field) {
   return v;
 }
 
-static int64_t tgid_of(sup *s, int64_t tid) {
-  for (unsigned i = 0; i < 64; i++)
-    if (s->tcache[i].tid == tid) return s->tcache[i].tgid;
-  int64_t g = read_status_field(tid, "Tgid");
-  if (g <= 0) return tid;
-  s->tcache[s->tnext % 64].tid = tid;
-  s->tcache[s->tnext % 64].tgid = g;
-  s->tnext++;
-  return g;
-}
+#ifndef PIDFD_THREAD
+#define PIDFD_THREAD O_EXCL
+#endif
 
-/* Whether the process behind pidfd has exited (a pidfd polls readable then). */
+/* Whether the process (or thread) behind pidfd has exited (a pidfd polls readable then). */
 static bool gone(int pidfd) {
   struct pollfd p = {.fd = pidfd, .events = POLLIN};
   return poll(&p, 1, 0) != 0;
+}
+
+/* The process of thread tid. A cached answer holds while the thread it was read for lives
+ * (a pidfd of that thread): once it exits its tid can go to a thread of another process,
+ * which the cache used to decide with the first process's tables (a raise over its own
+ * seal let through). Without thread pidfds (before Linux 6.9) nothing is cached. */
+static int64_t tgid_of(sup *s, int64_t tid) {
+  for (unsigned i = 0; i < 64; i++) {
+    if (s->tcache[i].tid != tid) continue;
+    if (!gone(s->tcache[i].pidfd)) return s->tcache[i].tgid;
+    close(s->tcache[i].pidfd);
+    s->tcache[i].tid = 0;
+    break;
+  }
+  int pfd = (int)syscall(SYS_pidfd_open, (pid_t)tid, PIDFD_THREAD);
+  int64_t g = read_status_field(tid, "Tgid");
+  if (g <= 0 || pfd < 0 || gone(pfd)) { /* not cached: it may not have been this thread's */
+    if (pfd >= 0) close(pfd);
+    return g > 0 ? g : tid;
+  }
+  unsigned k = s->tnext++ % 64;
+  if (s->tcache[k].tid > 0) close(s->tcache[k].pidfd);
+  s->tcache[k].tid = tid;
+  s->tcache[k].tgid = g;
+  s->tcache[k].pidfd = pfd;
+  return g;
 }
 
 /* A process is supervised if it, or an ancestor, is one we launched (the filter and its
@@ -485,6 +504,8 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   }
   while (s->nclients) drop_client(s, 0);
   while (s->nprocs) drop_proc(s, 0);
+  for (unsigned i = 0; i < 64; i++)
+    if (s->tcache[i].tid > 0) close(s->tcache[i].pidfd);
   close(s->lfd);
   unlink(path);
   seccomp_notify_free(req, resp);
