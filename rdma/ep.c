@@ -813,16 +813,18 @@ static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
 }
 
 /* A live endpoint's one-sided ops and messages get one bounded wait (200 ms) together.
- * Ops left after it park the endpoint, unless messages are left too: a parked endpoint's
- * handle stays open, and UCX would go on reading the caller's data after the close
- * returned, so the force close (ep_close_free) wins then, at the cost the parking avoids
- * (a resumed target may abort on the cancelled ops). */
+ * Ops left after it park the endpoint, messages left or not: a force close cancels the
+ * ops, and the target, resumed, aborted on them (a review of the first version, which
+ * forced the close when messages were left too: close_silent_test). A parked endpoint's
+ * handle stays open, so UCX may still read the data of a send left on it until its ops
+ * finish or the engine closes (rdma.h says so). Messages alone force the close
+ * (ep_close_free), which ends UCX's use of their data before the close returns. */
 static void ep_destroy(cxr_rdma_ep *ep) {
   cxr__eps_unpark(ep->r, 0);  /* parked endpoints whose ops finished meanwhile */
   ep_unlink(ep);
   ucp_ep_h u = take_uep(ep);
   if (u && atomic_load(&ep->status) == 0 && !all_done(ep, cxr_now_ns() + 200000000) &&
-      atomic_load(&ep->open_sends) == 0) {
+      atomic_load(&ep->open_ops) != 0) {
     ep_park(ep, u);
     return;
   }

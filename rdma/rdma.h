@@ -113,12 +113,14 @@ int cxr_rdma_am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user);
 /* Sends header (<= 1 KiB) and the data gathered from iov; returns once UCX no longer needs
  * the buffers, or at the deadline (absolute; 0 = 2 s). After CXR_ETIMEDOUT the send goes on:
  * the data buffers are the caller's again once cxr_rdma_ep_close returns (which cancels the
- * send if it is still pending). CXR_EFULL: the receiver refused a large (rendezvous)
+ * send if it is still pending), unless one-sided ops were pending at the silent peer too:
+ * the endpoint is parked then, and the data stays with UCX until cxr_rdma_close returns
+ * (cxr_rdma_ep_close(3)). CXR_EFULL: the receiver refused a large (rendezvous)
  * message: above its msg_max or past its queue_max. */
 int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov, int64_t deadline_ns);
 /* Same, without waiting: the header is copied, the data must stay valid until the
- * message is sent, or until cxr_rdma_ep_close returns. */
+ * message is sent, or until cxr_rdma_ep_close returns (cxr_rdma_close, as above). */
 int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov);
 /* Answers a message on the endpoint it came from. Same contract as cxr_rdma_am_send. */
