@@ -343,32 +343,47 @@ static bool recover(cxr_alock_ref *r, unsigned pred) {
   return false;
 }
 
-/* How long a slot's new owner waits for a successor that swapped the tail behind the dead
- * instance's node to link itself (it writes its prev word right after the swap). */
-#define LINK_WAIT_NS 10000000
+/* Whether a node waits behind `slot` (its prev names it; it waits or gave up). */
+static bool waits_behind(const cxr_alock *l, unsigned slot) {
+  for (unsigned i = 0; i < CXR_ALOCK_SLOTS; i++) {
+    uint64_t st = LD(&l->lnodes[i].locked);
+    if ((st == W_WAIT || st == W_ABANDONED) && LD(&l->lnodes[i].prev) == slot + 1) return true;
+  }
+  return false;
+}
+
+/* Whether a live process is queueing and has not written its predecessor yet (it waits with
+ * prev 0: between its tail swap and its prev store; a head stores "compete" instead). */
+static bool enqueue_under_way(const cxr_alock *l, unsigned skip) {
+  for (unsigned i = 0; i < CXR_ALOCK_SLOTS; i++)
+    if (i != skip && LD(&l->lnodes[i].locked) == W_WAIT && LD(&l->lnodes[i].prev) == 0 &&
+        !owner_dead(&l->lnodes[i]))
+      return true;
+  return false;
+}
 
 /* Whether the dead instance's granted node `slot` still heads the queue, so that its
  * hand-over is still due. A process killed inside release_from, after hand_over granted the
  * successor but before its own node went back to passed, leaves it granted with a stale
  * next word; handing over from that again granted a waiter that had since queued behind
- * the real holder: two holders (found by a review). Due only if the successor still waits
- * for this node (its prev names it; it waits or gave up), or no successor is linked and the
- * tail still names this node or, within LINK_WAIT_NS, a node whose prev comes to name it. */
+ * the real holder: two holders (found by a review). Due if a node still waits behind this
+ * one, or the tail still names it; with no successor linked, a queueing process may be
+ * about to name it (a first version gave it 10 ms, and a successor preempted longer was
+ * never served: a review of that), so this waits while one is under way (at most 10 s, as
+ * hand_over waits for a link). */
 static bool hand_over_due(cxr_alock_ref *r, unsigned slot) {
   cxr_alock *l = r->local;
-  uint64_t nx = LD(&l->lnodes[slot].next), me = slot + 1;
-  if (nx > CXR_ALOCK_SLOTS) return false;
-  if (nx != 0) {
-    uint64_t st = LD(&l->lnodes[nx - 1].locked);
-    return LD(&l->lnodes[nx - 1].prev) == me && (st == W_WAIT || st == W_ABANDONED);
-  }
-  int64_t end = cxr_now_ns() + LINK_WAIT_NS;
+  uint64_t me = slot + 1;
+  int64_t end = cxr_now_ns() + 10000000000;
   for (unsigned i = 0;; i++) {
-    uint64_t t = LD(&l->ltail);
-    if (t == me) return true;
-    if (t == 0 || t > CXR_ALOCK_SLOTS) return false;
-    if (LD(&l->lnodes[slot].next) != 0 || LD(&l->lnodes[t - 1].prev) == me) return true;
-    if (cxr_now_ns() > end) return false;
+    uint64_t nx = LD(&l->lnodes[slot].next);
+    if (nx > CXR_ALOCK_SLOTS) return false;
+    if (nx != 0) {
+      uint64_t st = LD(&l->lnodes[nx - 1].locked);
+      return LD(&l->lnodes[nx - 1].prev) == me && (st == W_WAIT || st == W_ABANDONED);
+    }
+    if (LD(&l->ltail) == me || waits_behind(l, slot)) return true;
+    if (!enqueue_under_way(l, slot) || cxr_now_ns() > end) return false;
     backoff(r, i);
   }
 }

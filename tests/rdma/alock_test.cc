@@ -326,6 +326,51 @@ void remote_lock(cxrt::Peer &peer, cxr_rdma *r, cxr_alock_ref *far) {
   far->addr = addr;
 }
 
+TEST(Alock, ASuccessorLinkingLateBehindADeadHeadIsStillHandedTheLock) {
+  // A dead head (granted, next 0) whose successor has swapped the tail but links itself
+  // late: the slot's next owner must still hand over. A first version of the "still due"
+  // check gave the link 10 ms and then dropped the hand-over: the successor waited for good
+  // and the new owner timed out behind it (a review of that version).
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  ASSERT_EQ(lock_unlock(l, 0), 0);  // slot 0's owner words: this process's
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  l->lnodes[0].owner_pid = (uint64_t)dead;  // slot 0: the dead head
+  l->lnodes[0].locked = 2;                  // granted, must compete
+  l->lnodes[0].next = 0;
+  l->lnodes[1].owner_pid = 0;  // slot 1: its successor (an unknown owner counts alive),
+  l->lnodes[1].prev = 0;       // which has swapped the tail and not linked itself yet
+  l->lnodes[1].next = 0;
+  l->lnodes[1].locked = 1;
+  l->ltail = 2;
+  cxr_alock_ref a2 = {};  // the slot's next owner
+  a2.local = l;
+  a2.slot = 0;
+  std::atomic<int> arc{1};
+  std::thread ta([&] { arc = cxr_alock_lock(&a2, cxr_now_ns() + 5000 * kMs); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the successor, preempted
+  __atomic_store_n(&l->lnodes[1].prev, 1, __ATOMIC_RELEASE);   // links itself
+  __atomic_store_n(&l->lnodes[0].next, 2, __ATOMIC_RELEASE);
+  int64_t end = cxr_now_ns() + 3000 * kMs;
+  while (__atomic_load_n(&l->lnodes[1].locked, __ATOMIC_ACQUIRE) == 1 && cxr_now_ns() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_NE(l->lnodes[1].locked, 1u) << "the successor was never handed the lock";
+  cxr_alock_ref s1 = {};
+  s1.local = l;
+  s1.slot = 1;
+  if (l->lnodes[1].locked != 1) {
+    EXPECT_EQ(cxr_alock_unlock(&s1), 0);
+  }
+  ta.join();
+  EXPECT_EQ(arc.load(), 0);
+  if (arc.load() == 0) {
+    EXPECT_EQ(cxr_alock_unlock(&a2), 0);
+  }
+  munmap(l, sizeof *l);
+}
+
 // A remote ref unlocking twice handed over again from its node's stale next word: here to a
 // waiter that had held the lock since and queued again behind the current holder, which
 // then entered beside it (a review). The ref now knows it does not hold the lock.
