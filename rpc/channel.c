@@ -621,6 +621,15 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
   if (rc != 0) goto fail;
   CXR__ST(&cb->state, CXR__CHAN_OPEN);
   if ((rc = cxr_heap_set_root(ch->ctl, cb)) != 0) goto fail;
+  if (opts && opts->listen && cxr__seal_restricts_workers(ch)) {
+    /* A restricted worker cannot send a cross-rack reply (the socket write is outside its
+     * seccomp policy): UCX failed the endpoint and aborted the server at the first call (a
+     * review, 2026-11-28). Handing replies to the engine's thread is not built. */
+    CXR_ERR("channel %s: CXRPC_SANDBOX_THREADS=1 with an untrusted channel that listens "
+            "across racks is not supported", name);
+    rc = CXR_ENOSYS;
+    goto fail;
+  }
   if (opts && opts->listen && (rc = cxr__remote_listen(ch, opts->listen)) != 0) goto fail;
   *out = ch;
   return 0;

@@ -37,8 +37,10 @@ class NetnsRemote : public cxrt::NetnsTest {
   std::string remote(const char *chan = "kv") {
     return std::string("ucx://") + net.ip[0] + ":7400/" + chan;
   }
-  bool server(cxrt::Proc &s) {
-    return s.start({kPeer, "server", "kv", listen()}, env(0), net.ns[0]) && s.line(15000) == "READY";
+  bool server(cxrt::Proc &s, const std::vector<std::string> &more = {}) {
+    std::vector<std::string> e = env(0);
+    e.insert(e.end(), more.begin(), more.end());
+    return s.start({kPeer, "server", "kv", listen()}, e, net.ns[0]) && s.line(15000) == "READY";
   }
   bool client(cxrt::Proc &c, int node, const std::string &target) {
     return c.start({kPeer, "client", target}, env(node), net.ns[node]) && c.line(15000) == "READY";
@@ -260,6 +262,23 @@ int settled_result_heaps(pid_t pid, int most) {
     usleep(50000);
   }
   return h;
+}
+
+TEST_F(NetnsRemote, RestrictedWorkersOnAnUntrustedListeningChannelAreRefusedAtOpen) {
+  // A worker under the seccomp policy (CXRPC_SANDBOX_THREADS=1, untrusted channel) cannot
+  // write a cross-rack reply to its socket: UCX failed the endpoint and aborted the server
+  // at the first call (with one worker the call ran on the engine's thread, restricting
+  // that for good). Not supported: the open says so instead (a review, 2026-11-28).
+  cxrt::Proc s;
+  EXPECT_FALSE(server(s, {"CXRPC_SANDBOX_THREADS=1", "REMOTE_PEER_UNTRUSTED=1"}));
+  EXPECT_NE(s.stop(), 0);
+  cxrt::Proc t, a;  // the same channel without the restriction serves untrusted calls
+  ASSERT_TRUE(server(t, {"REMOTE_PEER_UNTRUSTED=1", "REMOTE_PEER_WORKERS=1"}));
+  ASSERT_TRUE(client(a, 2, remote()));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  EXPECT_EQ(ask(a, "noop 2000"), "ok");
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(t.stop(), 0);
 }
 
 TEST_F(NetnsRemote, RepeatedConnectsReuseHeapsAndLeakNothing) {

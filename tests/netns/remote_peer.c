@@ -1,6 +1,8 @@
 /* A real process for the cross-rack tests, on the public API only.
  *   remote_peer server NAME LISTEN   opens channel NAME (also listening on LISTEN, e.g.
  *       "ucx://10.77.0.1:7400"), serves, prints "READY", runs until stdin reaches EOF.
+ *       With REMOTE_PEER_WORKERS=N, N workers (default 2); with REMOTE_PEER_UNTRUSTED=1,
+ *       an untrusted channel.
  *   remote_peer client TARGET        prints "READY"; commands on stdin, one answer line each:
  *       connect MS        -> "ok" | "err <code> <ms taken>"
  *       graph N           -> "ok <args address>" | "err <code>" | "bad <what>"
@@ -233,7 +235,9 @@ static int server(const char *name, const char *listen) {
   cxr_channel_opts o;
   cxr_channel_opts_init(&o);
   o.listen = listen;
-  o.workers = 2;
+  const char *w = getenv("REMOTE_PEER_WORKERS"), *u = getenv("REMOTE_PEER_UNTRUSTED");
+  o.workers = w && atoi(w) > 0 ? (unsigned)atoi(w) : 2;
+  o.untrusted = u && strcmp(u, "1") == 0;
   cxr_channel *ch;
   int rc = cxr_channel_open(&ch, name, &o);
   if (rc == 0) rc = cxr_channel_on(ch, M_GRAPH, h_graph, NULL);
