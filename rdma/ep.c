@@ -120,12 +120,34 @@ void cxr__conn_cb(ucp_conn_request_h req, void *arg) {
   CXR_DEBUG("rdma: accepted %s", peer);
 }
 
+/* Answers to hellos not yet sent, engine-wide: past this many a hello goes unanswered (its
+ * client's connect times out). Answers are posted, not awaited, so a client that sends
+ * hellos and never reads would otherwise grow the engine's memory without bound (a review
+ * of 623921e). A connect's answer leaves in microseconds: legitimate clients never queue
+ * this many. */
+#define HELLOS_OUT_MAX 1024
+
+typedef struct hello_buf {
+  cxr_rdma *r;
+  char data[];
+} hello_buf;
+
+static void hello_buf_free(void *p) { /* inside a UCX callback: no UCX calls */
+  hello_buf *b = p;
+  atomic_fetch_sub(&b->r->hellos_out, 1);
+  free(b);
+}
+
 void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   cxr_rdma *r = m->r;
   hello_req rq;
   if (m->hlen != sizeof rq) return;
   memcpy(&rq, m->hdr, sizeof rq);
   if (rq.magic != HELLO_MAGIC || rq.version != HELLO_VERSION) return;
+  if (atomic_load(&r->hellos_out) >= HELLOS_OUT_MAX) {
+    CXR_DEBUG("rdma: %d hello answers unsent: a hello goes unanswered", HELLOS_OUT_MAX);
+    return;
+  }
   ucp_address_t *wa = NULL;
   size_t walen = 0;
   if (ucp_worker_get_address(r->worker, &wa, &walen) != UCS_OK) return;
@@ -134,7 +156,8 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   pthread_mutex_lock(&r->lock);
   for (cxr_rdma_mr *mr = r->mrs; mr; mr = mr->next)
     if (mr->exported) cap += sizeof(exp_wire) + ((mr->rkey_len + 7) & ~(size_t)7);
-  char *buf = malloc(cap);
+  hello_buf *hb = malloc(sizeof *hb + cap);
+  char *buf = hb ? hb->data : NULL;
   size_t off = 0;
   if (buf != NULL) {
     memcpy(buf, wa, walen);
@@ -159,8 +182,11 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   struct iovec iov = {buf, off};
   /* Not waited for: this runs on the progress thread, and a client that sends hellos and
    * never reads stalled the whole engine 2 s per hello (the reply's deadline; rdma_test).
-   * buf goes with the reply, freed once UCX is done with it. */
-  int rc = cxr__rdma_reply_post(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, buf);
+   * The buffer goes with the reply, freed once UCX is done with it. */
+  hb->r = r;
+  atomic_fetch_add(&r->hellos_out, 1);
+  int rc = cxr__rdma_reply_post(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, hb,
+                                hello_buf_free);
   if (rc) CXR_DEBUG("rdma: hello reply failed: %s", cxr_strerror(rc));
 }
 

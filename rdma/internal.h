@@ -133,6 +133,7 @@ extern _Atomic unsigned cxr__rdma_fork_epoch;
 
 struct cxr_rdma {
   unsigned epoch;         /* cxr__rdma_fork_epoch when opened (a fork child's copy is older) */
+  atomic_int hellos_out;  /* answers to hellos UCX still holds (HELLOS_OUT_MAX, ep.c) */
   ucp_context_h ctx;
   ucp_worker_h worker;
   ucp_listener_h listener;
@@ -238,10 +239,12 @@ void cxr__wake(cxr_rdma *r);
 int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, void *owned,
                     void (*owned_free)(void *), int64_t deadline_ns);
-/* Same without waiting (`owned` freed with free()): returns once UCX has the reply, or an
- * error found before it was sent; a later failure is not reported. */
+/* Same without waiting (`owned` freed with owned_free, or free() when NULL): returns once
+ * UCX has the reply, or an error found before it was sent; a later failure is not
+ * reported. */
 int cxr__rdma_reply_post(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
-                         const struct iovec *iov, size_t niov, void *owned);
+                         const struct iovec *iov, size_t niov, void *owned,
+                         void (*owned_free)(void *));
 /* Sends on an endpoint that other threads may end meanwhile: its status if it failed. */
 int cxr__ep_am_send(cxr_rdma_ep *ep, unsigned id, unsigned flags, const void *hdr, size_t hlen,
                     const struct iovec *iov, size_t niov, int64_t deadline_ns, bool wait);

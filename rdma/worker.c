@@ -626,8 +626,9 @@ int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
 }
 
 int cxr__rdma_reply_post(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
-                         const struct iovec *iov, size_t niov, void *owned) {
-  return reply(m, id, hdr, hlen, iov, niov, owned, NULL, 0, false);
+                         const struct iovec *iov, size_t niov, void *owned,
+                         void (*owned_free)(void *)) {
+  return reply(m, id, hdr, hlen, iov, niov, owned, owned_free, 0, false);
 }
 
 /* ---- the progress thread ---- */
