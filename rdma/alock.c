@@ -180,10 +180,15 @@ static void backoff(cxr_alock_ref *r, unsigned i) {
 /* ---- release: hand the lock (or the queue head) to the next waiter ---- */
 
 /* Hands over from node `slot`: to the successor with the cohort kept (budget left) or with
- * the duty to compete; passes over successors that abandoned; or empties the queue. */
-static int hand_over(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
+ * the duty to compete; passes over successors that abandoned; or empties the queue. In
+ * `recovery` (a dead instance's hand-over, recover_slot) it also passes over successors
+ * already passed over: the instance was killed between passing over one and granting the
+ * next (a review), and each node it goes on to must still name the one before as its
+ * predecessor (a pod node's owner may have queued it again since). */
+static int hand_over_from(cxr_alock_ref *r, unsigned slot, uint64_t budget_left,
+                          bool recovery) {
   unsigned cur = slot;
-  bool own = true;
+  bool own = true, was_passed = false;
   for (;;) {
     uint64_t nx = 0, old = 0;
     int rc = node_get(r, cur, offsetof(cxr_alock_node, next), &nx);
@@ -204,11 +209,13 @@ static int hand_over(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
         }
       }
     }
-    if (!own && (rc = node_put(r, cur, offsetof(cxr_alock_node, locked), W_PASSED)) != 0)
+    if (!own && !was_passed &&
+        (rc = node_put(r, cur, offsetof(cxr_alock_node, locked), W_PASSED)) != 0)
       return rc;
     if (nx == 0) return 0;  /* the queue is empty: this cohort's flag is down */
     if (nx > CXR_ALOCK_SLOTS) return CXR_ECORRUPT;
     unsigned succ = (unsigned)nx - 1;
+    if (recovery && LD(&r->local->lnodes[succ].prev) != cur + 1) return 0; /* moved on */
     uint64_t left = budget_left > 1 ? budget_left - 1 : 0;
     uint64_t grant = left > 0 ? W_KEEP : W_COMPETE;
     if (grant == W_KEEP &&
@@ -217,10 +224,15 @@ static int hand_over(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
     if ((rc = node_cas(r, succ, offsetof(cxr_alock_node, locked), W_WAIT, grant, &old)) != 0)
       return rc;
     if (old == W_WAIT) return 0;
-    if (old != W_ABANDONED) return CXR_ECORRUPT;
+    if (old != W_ABANDONED && !(recovery && old == W_PASSED)) return CXR_ECORRUPT;
     cur = succ;  /* it left: continue from its node, then mark it passed */
     own = false;
+    was_passed = old == W_PASSED;
   }
+}
+
+static int hand_over(cxr_alock_ref *r, unsigned slot, uint64_t budget_left) {
+  return hand_over_from(r, slot, budget_left, false);
 }
 
 /* hand_over, then (a pod node) out of the queue: its state says so, so that nobody takes it
@@ -313,16 +325,24 @@ static bool state_cas(cxr_alock_ref *r, unsigned slot, uint64_t from, uint64_t t
  * which is why its state is read again after its link (a review found a live waiter that
  * had timed out, ahead of us, stopping every recovery of a dead holder ahead of it). */
 static bool recover(cxr_alock_ref *r, unsigned pred) {
-  unsigned path[CXR_ALOCK_SLOTS], n = 0, cur = pred;
-  uint64_t st = 0, p = 0;
+  unsigned path[CXR_ALOCK_SLOTS], n = 0, cur = pred, from = r->slot;
+  uint64_t st = 0, p = 0, nx = 0;
   while (n < CXR_ALOCK_SLOTS && cur != r->slot) {
     if (!owner_dead(&r->local->lnodes[cur])) {
+      /* A live owner's node we may walk past: one that gave up, or one passed over by a
+       * releaser killed before it granted the node after it (its next still names ours:
+       * a review); read again after its link, which its owner rewrites only after that. */
       node_get(r, cur, offsetof(cxr_alock_node, locked), &st);
-      if (st != W_ABANDONED) return false;
+      node_get(r, cur, offsetof(cxr_alock_node, next), &nx);
+      bool gone = st == W_ABANDONED || (st == W_PASSED && nx == from + 1);
+      if (!gone) return false;
+      uint64_t st2 = 0, nx2 = 0;
       node_get(r, cur, offsetof(cxr_alock_node, prev), &p);
-      node_get(r, cur, offsetof(cxr_alock_node, locked), &st);
-      if (st != W_ABANDONED || p == 0 || p > CXR_ALOCK_SLOTS) return false;
+      node_get(r, cur, offsetof(cxr_alock_node, locked), &st2);
+      node_get(r, cur, offsetof(cxr_alock_node, next), &nx2);
+      if (st2 != st || nx2 != nx || p == 0 || p > CXR_ALOCK_SLOTS) return false;
       path[n++] = cur; /* passed below if a dead head is found: its owner waits for that */
+      from = cur;
       cur = (unsigned)p - 1;
       continue;
     }
@@ -332,12 +352,13 @@ static bool recover(cxr_alock_ref *r, unsigned pred) {
       if (!state_cas(r, cur, st, W_PASSED)) return false;
       state_cas(r, r->slot, W_WAIT, W_COMPETE); /* (a grant that came meanwhile stays) */
       for (unsigned k = 0; k + 1 < n; k++) /* the waiters between (dead or gone): out */
-        node_put(r, path[k], offsetof(cxr_alock_node, locked), W_PASSED);
+        state_cas(r, path[k], W_ABANDONED, W_PASSED); /* (a passed one may be queued again) */
       return true;
     }
     if (st == W_WAIT) state_cas(r, cur, W_WAIT, W_ABANDONED);
     node_get(r, cur, offsetof(cxr_alock_node, prev), &p);
     if (p == 0 || p > CXR_ALOCK_SLOTS) return false;
+    from = cur;
     cur = (unsigned)p - 1;
   }
   return false;
@@ -348,6 +369,22 @@ static bool waits_behind(const cxr_alock *l, unsigned slot) {
   for (unsigned i = 0; i < CXR_ALOCK_SLOTS; i++) {
     uint64_t st = LD(&l->lnodes[i].locked);
     if ((st == W_WAIT || st == W_ABANDONED) && LD(&l->lnodes[i].prev) == slot + 1) return true;
+  }
+  return false;
+}
+
+/* From `slot` along next words (first: nx) over nodes passed over already, each naming the
+ * one before as its predecessor: whether the line reaches a node that waits or gave up. */
+static bool waits_down_the_line(const cxr_alock *l, unsigned slot, uint64_t nx) {
+  unsigned before = slot;
+  for (unsigned k = 0; k < CXR_ALOCK_SLOTS && nx != 0 && nx <= CXR_ALOCK_SLOTS; k++) {
+    unsigned n = (unsigned)nx - 1;
+    uint64_t st = LD(&l->lnodes[n].locked);
+    if (LD(&l->lnodes[n].prev) != before + 1) return false;
+    if (st == W_WAIT || st == W_ABANDONED) return true;
+    if (st != W_PASSED) return false;
+    nx = LD(&l->lnodes[n].next);
+    before = n;
   }
   return false;
 }
@@ -378,10 +415,7 @@ static bool hand_over_due(cxr_alock_ref *r, unsigned slot) {
   for (unsigned i = 0;; i++) {
     uint64_t nx = LD(&l->lnodes[slot].next);
     if (nx > CXR_ALOCK_SLOTS) return false;
-    if (nx != 0) {
-      uint64_t st = LD(&l->lnodes[nx - 1].locked);
-      return LD(&l->lnodes[nx - 1].prev) == me && (st == W_WAIT || st == W_ABANDONED);
-    }
+    if (nx != 0) return waits_down_the_line(l, slot, nx);
     if (LD(&l->ltail) == me || waits_behind(l, slot)) return true;
     if (!enqueue_under_way(l, slot) || cxr_now_ns() > end) return false;
     backoff(r, i);
@@ -398,7 +432,7 @@ static int recover_slot(cxr_alock_ref *r) {
   node_get(r, r->slot, offsetof(cxr_alock_node, locked), &st);
   if (is_granted(st)) {
     bool due = hand_over_due(r, r->slot);
-    if (state_cas(r, r->slot, st, W_PASSED) && due) return hand_over(r, r->slot, 0);
+    if (state_cas(r, r->slot, st, W_PASSED) && due) return hand_over_from(r, r->slot, 0, true);
     return 0;
   }
   if (st == W_WAIT) state_cas(r, r->slot, W_WAIT, W_ABANDONED);

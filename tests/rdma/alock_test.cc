@@ -371,6 +371,50 @@ TEST(Alock, ASuccessorLinkingLateBehindADeadHeadIsStillHandedTheLock) {
   munmap(l, sizeof *l);
 }
 
+TEST(Alock, AHolderKilledWhilePassingOverAWaiterThatGaveUpStrandsNobody) {
+  // The holder d is killed inside its hand-over after marking an abandoned successor a
+  // passed and before granting a's successor s: d's node granted with next = a, a passed.
+  // s's recovery stopped at a (a live owner, not abandoned) and the slot's next owner saw
+  // a passed, not waiting, so nobody granted s: both timed out (a review).
+  cxr_alock *l = shared_lock();
+  ASSERT_NE(l, nullptr);
+  pid_t d = child_locking(l, 0, true);
+  ASSERT_GT(d, 0);
+  cxr_alock_ref a = {};
+  a.local = l;
+  a.slot = 1;
+  ASSERT_EQ(cxr_alock_lock(&a, cxr_now_ns() + 30 * kMs), CXR_ETIMEDOUT);  // a abandoned
+  std::atomic<int> src{1};
+  cxr_alock_ref s = {};
+  s.local = l;
+  s.slot = 2;
+  std::thread ts([&] { src = cxr_alock_lock(&s, cxr_now_ns() + 5000 * kMs); });
+  ASSERT_TRUE(tail_becomes(l, 3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(__atomic_load_n(&l->lnodes[0].next, __ATOMIC_ACQUIRE), 2u);
+  ASSERT_EQ(__atomic_load_n(&l->lnodes[1].next, __ATOMIC_ACQUIRE), 3u);
+  __atomic_store_n(&l->lnodes[1].locked, 4, __ATOMIC_RELEASE);  // d: a passed over ...
+  kill_child(d);                                                 // ... and d dies
+  cxr_alock_ref a2 = {};  // slot 0's next owner
+  a2.local = l;
+  a2.slot = 0;
+  std::atomic<int> arc{1};
+  std::thread ta([&] { arc = cxr_alock_lock(&a2, cxr_now_ns() + 5000 * kMs); });
+  ts.join();
+  EXPECT_EQ(src.load(), 0) << "s was never handed the lock: " << cxr_strerror(src.load());
+  if (src.load() == 0) {
+    EXPECT_EQ(cxr_alock_unlock(&s), 0);
+  }
+  ta.join();
+  EXPECT_EQ(arc.load(), 0) << cxr_strerror(arc.load());
+  if (arc.load() == 0) {
+    EXPECT_EQ(cxr_alock_unlock(&a2), 0);
+  }
+  EXPECT_EQ(lock_unlock(l, 1), 0);  // a's slot works again
+  EXPECT_EQ(l->ltail, 0u);
+  munmap(l, sizeof *l);
+}
+
 // A remote ref unlocking twice handed over again from its node's stale next word: here to a
 // waiter that had held the lock since and queued again behind the current holder, which
 // then entered beside it (a review). The ref now knows it does not hold the lock.
