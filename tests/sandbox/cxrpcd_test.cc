@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <errno.h>
 #include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -186,6 +187,69 @@ TEST(CxrpcdAttach, AListenerItsSenderAlsoReadsDoesNotStopTheSupervisor) {
   int st;
   waitpid(child, &st, 0);
   close(done[0]);
+  stop_supervisor(&sup);
+}
+
+TEST(CxrpcdAttach, ProcessesSharingAListenerAttachItOnce) {
+  // A filtered process's children inherit its listener, and each attached it under its own
+  // pid: one notification made every such entry readable, one receive took it and each of
+  // the others waited out the receive's 50 ms timer. With 40 children cxrpcd answered no
+  // one (no client, no other supervised process) for about 2 s per notification. Now a
+  // listener already attached is refused (CXR_EBUSY) while its process lives.
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  const int N = 40;
+  int ready[2], go[2];
+  ASSERT_EQ(pipe2(ready, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
+  pid_t c = fork();
+  ASSERT_GE(c, 0);
+  if (c == 0) {
+    int nfd = filter_self();
+    if (nfd < 0) _exit(3);
+    for (int i = 0; i < N; i++) {
+      if (fork() != 0) continue;
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // gone with c
+      int rc = attach(sup, getpid(), nfd);
+      char r = rc == 0 ? 'a' : rc == CXR_EBUSY ? 'b' : 'e';
+      (void)!write(ready[1], &r, 1);
+      pause();
+      _exit(0);
+    }
+    uintptr_t wbase;
+    size_t wsize;
+    cxr__sbx_window(&wbase, &wsize);
+    char b;
+    while (read(go[0], &b, 1) == 1) {
+      // Notified (nothing is mapped there: ENOMEM once let through).
+      mprotect((void *)(wbase + wsize / 2 + 0x123000), 4096, PROT_READ | PROT_WRITE);
+      (void)!write(ready[1], "m", 1);
+    }
+    _exit(0);
+  }
+  int counts[3] = {0, 0, 0};
+  for (int i = 0; i < N; i++) {
+    char r = 0;
+    ASSERT_EQ(read(ready[0], &r, 1), 1);
+    counts[r == 'a' ? 0 : r == 'b' ? 1 : 2]++;
+  }
+  EXPECT_EQ(counts[0], 1);
+  EXPECT_EQ(counts[1], N - 1);
+  for (int round = 0; round < 3; round++) {
+    ASSERT_EQ(write(go[1], "g", 1), 1);
+    char m;
+    ASSERT_EQ(read(ready[0], &m, 1), 1);
+    ASSERT_EQ(m, 'm');
+    int64_t t0 = cxr_now_ns();
+    EXPECT_TRUE(stats_answer(sup));
+    EXPECT_LT(cxr_now_ns() - t0, 300000000ll) << "cxrpcd stalled after one notification";
+  }
+  kill(c, SIGKILL);
+  waitpid(c, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  close(go[0]);
+  close(go[1]);
   stop_supervisor(&sup);
 }
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/kcmp.h>
 #include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -196,15 +197,34 @@ static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
    * pass one its filtered child made. Which filter it is, cxrpcd cannot read (see
    * docs/sandbox.md: a filter of the sender's own making passes). */
   if (read_status_field(m->pid, "Seccomp") != 2) return CXR_EPERM;
+  if (m->size == 0 || m->base + m->size < m->base) return CXR_EINVAL;
+  /* One entry per listener. A filtered process's children inherit its listener, and each
+   * attached it under its own pid: one notification then made every such entry readable,
+   * one receive took it and each other one waited out receive()'s 50 ms timer, so 40
+   * children stalled cxrpcd (every supervised syscall, every client) 2 s per notification.
+   * A listener already held is refused while its process lives; once that process is gone
+   * (its children keep the listener), the entry passes to the new process. Without kcmp
+   * (CONFIG_KCMP off) nothing matches, as before. */
+  int same = -1;
+  for (int i = 0; i < s->nprocs && same < 0; i++)
+    if (syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, fd, s->procs[i].nfd) == 0) same = i;
   int mine = 0;
   for (int i = 0; i < s->nprocs; i++) {
     if (s->procs[i].pid == m->pid && !gone(s->procs[i].pidfd)) return CXR_EBUSY;
     mine += s->procs[i].uid == cr.uid;
   }
-  if (s->nprocs == MAX_PROCS || mine >= PER_UID) return CXR_EFULL;
-  if (m->size == 0 || m->base + m->size < m->base) return CXR_EINVAL;
+  if (same >= 0 && !gone(s->procs[same].pidfd)) return CXR_EBUSY;
+  if (same < 0 && s->nprocs == MAX_PROCS) return CXR_EFULL;
+  if (mine >= PER_UID && (same < 0 || s->procs[same].uid != cr.uid)) return CXR_EFULL;
   int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)m->pid, 0);
   if (pidfd < 0) return CXR_EPERM;
+  if (same >= 0) { /* the caller closes fd: the entry keeps the copy it has */
+    proc *p = &s->procs[same];
+    close(p->pidfd);
+    *p = (proc){m->pid, cr.uid, pidfd, p->nfd, (uintptr_t)m->base, (size_t)m->size};
+    CXR_INFO("cxrpcd: supervising pid %lld (its ancestor's listener)", (long long)m->pid);
+    return 1;
+  }
   s->procs[s->nprocs++] = (proc){m->pid, cr.uid, pidfd, fd, (uintptr_t)m->base, (size_t)m->size};
   CXR_INFO("cxrpcd: supervising pid %lld (window %#llx+%#llx)", (long long)m->pid,
            (unsigned long long)m->base, (unsigned long long)m->size);
@@ -275,6 +295,7 @@ static void on_client(sup *s, int i) {
     case CXR__MSG_ATTACH:
       rc = on_attach(s, cfd, &m, fd);
       if (rc == 0) fd = -1; /* kept */
+      if (rc == 1) rc = 0;  /* taken over an entry that keeps its own copy */
       sent = reply(cfd, rc);
       break;
     case CXR__MSG_REGISTER:
@@ -328,13 +349,24 @@ static void on_accept(sup *s, int c) {
   s->clients[s->nclients++] = (client){c, cr.uid, false, cxr_now_ns() + IDLE_NS};
 }
 
-/* Closes the clients whose time ran out; the poll timeout until the next one runs out. */
+/* Whether fd has something to read (or its peer hung up) now. */
+static bool readable(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1;
+}
+
+/* Closes the clients whose time ran out; the poll timeout until the next one runs out. A
+ * client whose request is waiting is not closed: it sent in time, and only our being busy
+ * (a long decision) kept it unread; the loop's poll serves it next. */
 static int expire(sup *s) {
   int64_t now = cxr_now_ns(), next = now + 200000000ll;
   for (int i = s->nclients - 1; i >= 0; i--) {
     if (s->clients[i].holds) continue;
-    if (s->clients[i].deadline <= now) drop_client(s, i);
-    else if (s->clients[i].deadline < next) next = s->clients[i].deadline;
+    if (s->clients[i].deadline > now) {
+      if (s->clients[i].deadline < next) next = s->clients[i].deadline;
+    } else if (!readable(s->clients[i].fd)) { /* if readable, poll returns at once */
+      drop_client(s, i);
+    }
   }
   return (int)((next - now) / 1000000) + 1;
 }
