@@ -253,6 +253,141 @@ TEST(CxrpcdAttach, ProcessesSharingAListenerAttachItOnce) {
   stop_supervisor(&sup);
 }
 
+namespace {
+
+// One registration of table fd for pid on connection c: the reply's status (-9999: none).
+int register_on(int c, int64_t pid, int fd) {
+  cxr__cxrpcd_msg m = {};
+  m.magic = CXR__CXRPCD_MAGIC;
+  m.type = CXR__MSG_REGISTER;
+  m.pid = pid;
+  if (cxr__msg_send(c, &m, fd) != 0 || cxr__msg_recv(c, &m, NULL, 2000000000ll) != 0 ||
+      m.type != CXR__MSG_REPLY)
+    return -9999;
+  return m.status;
+}
+
+// What a child that registers tables of its own for itself reports.
+struct RegReport {
+  int accepted = -1;
+  int dup = 0;      // the status of the same table registered again
+  int refused = 0;  // the status of the first one refused
+  int64_t decide_ns = -1;
+};
+
+// Forks an attached child that creates n tables of `slots` records, registers the first
+// twice and then all of them for itself on one connection, once it reads a byte from go;
+// then times a notified raise (the second: the first faults the tables in), writes its report to out and waits to be killed.
+pid_t registering_child(const Supervisor &sup, int n, unsigned slots, int go, int out) {
+  int nfd = -1;
+  pid_t pid = fork_attached(sup, &nfd);
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // not left behind by a failed assertion
+  char b;
+  if (read(go, &b, 1) != 1) _exit(1);
+  RegReport rep;
+  rep.accepted = 0;
+  cxr_seal_opts o;
+  cxr_seal_opts_init(&o);
+  o.slots = slots;
+  int c = cxr__cxrpcd_connect(sup.sock.c_str(), 2000000000ll);
+  if (c < 0) _exit(1);
+  for (int i = 0; i < n; i++) {
+    cxr_seal_table *t = nullptr;  // kept (and so mapped) until the child is killed
+    if (cxr_seal_table_create(&t, &o) != 0) _exit(1);
+    int rc = register_on(c, getpid(), cxr_seal_table_fd(t));
+    if (i == 0) rep.dup = register_on(c, getpid(), cxr_seal_table_fd(t));
+    if (rc == 0) rep.accepted++;
+    else if (rep.refused == 0) rep.refused = rc;
+  }
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  void *p = (void *)(wbase + wsize / 2 + 0x123000);
+  mprotect(p, 4096, PROT_READ | PROT_WRITE);  // notified; cxrpcd's first read of the tables
+  int64_t t0 = cxr_now_ns();
+  mprotect(p, 4096, PROT_READ | PROT_WRITE);
+  rep.decide_ns = cxr_now_ns() - t0;
+  (void)!write(out, &rep, sizeof rep);
+  pause();
+  _exit(0);
+}
+
+}  // namespace
+
+TEST(CxrpcdRegister, RegistrationsAreBoundedPerPidAndPerRegistrant) {
+  // One process registered one table of its own for itself 1024 times on one connection:
+  // the global table was full and every other server's registration refused (CXR_EFULL).
+  // Now the same table is registered once per pid (CXR_EEXIST), a pid is named by at most
+  // 64 registrations and a registrant uid holds at most 256.
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  const int K = 5;
+  int go[2], out[2];
+  ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
+  pid_t kids[K];
+  for (int k = 0; k < K; k++) {
+    kids[k] = registering_child(sup, 70, 1024, go[0], out[1]);
+    ASSERT_GE(kids[k], 0);
+  }
+  RegReport rep[K];
+  for (int k = 0; k < K; k++) {  // one after the other: who is refused is then known
+    ASSERT_EQ(write(go[1], "g", 1), 1);
+    struct pollfd p = {out[0], POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 20000), 1) << "child " << k << " did not report";
+    ASSERT_EQ(read(out[0], &rep[k], sizeof rep[k]), (ssize_t)sizeof rep[k]);
+  }
+  for (int k = 0; k < K - 1; k++) {
+    EXPECT_EQ(rep[k].accepted, 64) << "child " << k;
+    EXPECT_EQ(rep[k].dup, CXR_EEXIST) << "child " << k;
+    EXPECT_EQ(rep[k].refused, CXR_EFULL) << "child " << k;
+  }
+  EXPECT_EQ(rep[K - 1].accepted, 0) << "the uid's 257th registration was taken";
+  EXPECT_EQ(rep[K - 1].refused, CXR_EFULL);
+  // Its registrations gone with it, one child's place is free for another.
+  kill(kids[0], SIGKILL);
+  waitpid(kids[0], nullptr, 0);
+  int64_t end = cxr_now_ns() + 2000000000ll;
+  int rc = -1;
+  while ((rc = register_for(sup, kids[K - 1])) != CXR_EPERM && cxr_now_ns() < end)
+    usleep(10000);
+  EXPECT_EQ(rc, CXR_EPERM);  // past the bound: the table is not the child's (it does not map it)
+  EXPECT_TRUE(stats_answer(sup));
+  for (int k = 1; k < K; k++) {
+    kill(kids[k], SIGKILL);
+    waitpid(kids[k], nullptr, 0);
+  }
+  for (int fd : {go[0], go[1], out[0], out[1]}) close(fd);
+  stop_supervisor(&sup);
+}
+
+TEST(CxrpcdRegister, APidsTablesAreBoundedSoADecisionStaysCheap) {
+  // A process registered its own largest table (2^20 records) 128 times for itself: each
+  // of its raises then walked 2^27 records (~150 ms) while cxrpcd answered no one. Now a
+  // pid's tables hold at most 2^21 records in all.
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  int go[2], out[2];
+  ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
+  pid_t kid = registering_child(sup, 4, CXR_SEAL_SLOTS_MAX, go[0], out[1]);
+  ASSERT_GE(kid, 0);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  RegReport rep;
+  struct pollfd p = {out[0], POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 20000), 1) << "the child did not report";
+  ASSERT_EQ(read(out[0], &rep, sizeof rep), (ssize_t)sizeof rep);
+  EXPECT_EQ(rep.accepted, 2);
+  EXPECT_EQ(rep.refused, CXR_EFULL);
+  printf("one decision over 2^21 records: %.2f ms\n", rep.decide_ns / 1e6);
+  EXPECT_LT(rep.decide_ns, 100000000ll);  // a few ms; loose for sanitizer builds
+  kill(kid, SIGKILL);
+  waitpid(kid, nullptr, 0);
+  for (int fd : {go[0], go[1], out[0], out[1]}) close(fd);
+  stop_supervisor(&sup);
+}
+
 using CxrpcdEnforced = EnforcedTest;
 
 TEST_F(CxrpcdEnforced, IdleConnectionsDoNotLockOthersOut) {

@@ -36,6 +36,15 @@
 #define MAX_PROCS 1024
 #define MAX_REGS 1024
 #define PER_UID 256
+/* Registrations: a registrant uid (SO_PEERCRED) holds at most PER_UID of them, as for
+ * clients; a supervised pid is named by at most REGS_PER_PID, whose tables together are at
+ * most two of the largest (2^21 records): each of its decisions walks them all, at about a
+ * nanosecond a record, so a decision stays within a few ms. One process used to fill the
+ * whole table with one table of its own registered 1024 times (everyone else's then
+ * CXR_EFULL), or make each of its decisions walk 2^27 records (~150 ms, cxrpcd answering no
+ * one meanwhile). The same table (dev, ino) for the same pid is registered once. */
+#define REGS_PER_PID 64
+#define PID_TABLE_BYTES (2 * cxr__seal_bytes(CXR_SEAL_SLOTS_MAX))
 /* A client's time to send its request: launchers and registrants send as soon as they
  * connect. Only a connection that holds a registration stays open without one. */
 #define IDLE_NS 1000000000ll
@@ -56,6 +65,8 @@ typedef struct reg {
   cxr_range heap;
   uint64_t heap_dev, heap_ino; /* the heap file, as the sender maps it (0: unknown) */
   int owner; /* the receiver's connection: the registration ends with it */
+  uid_t uid; /* the registrant's */
+  uint64_t dev, ino; /* the table file */
 } reg;
 
 typedef struct client {
@@ -251,7 +262,10 @@ static bool maps_file(int64_t pid, dev_t dev, ino_t ino) {
 }
 
 static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
+  struct ucred cr;
+  socklen_t len = sizeof cr;
   if (fd < 0) return CXR_EPROTO;
+  if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) return CXR_EPERM;
   if (!supervised(s, m->pid)) return CXR_EPERM;
   if (s->nregs == MAX_REGS) return CXR_EFULL;
   /* Sealed first: the registrant could otherwise shrink the file under our mapping, and
@@ -261,6 +275,18 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   if (rc) return rc;
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 26)) return CXR_ECORRUPT;
+  int by_uid = 0, by_pid = 0;
+  size_t pid_bytes = (size_t)st.st_size;
+  for (int r = 0; r < s->nregs; r++) {
+    const reg *g = &s->regs[r];
+    by_uid += g->uid == cr.uid;
+    if (g->pid != m->pid) continue;
+    if (g->dev == (uint64_t)st.st_dev && g->ino == (uint64_t)st.st_ino) return CXR_EEXIST;
+    by_pid++;
+    pid_bytes += g->bytes;
+  }
+  if (by_uid >= PER_UID || by_pid >= REGS_PER_PID || pid_bytes > PID_TABLE_BYTES)
+    return CXR_EFULL;
   /* The sender took this table: it maps it (rpc's client maps its server's table before
    * its first sealed call, which is when the server registers). Anyone who could reach the
    * socket used to register a table of its own for any supervised pid, and cxrpcd then
@@ -277,7 +303,8 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   uint64_t dev = 0, ino = 0, off = 0;
   if (m->size && cxr__vma_backing_of((int)m->pid, m->base, &dev, &ino, &off) != 0) dev = ino = 0;
   s->regs[s->nregs++] = (reg){m->pid, mem, (size_t)st.st_size,
-                              {(const void *)(uintptr_t)m->base, (size_t)m->size}, dev, ino, cfd};
+                              {(const void *)(uintptr_t)m->base, (size_t)m->size}, dev, ino, cfd,
+                              cr.uid, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
   CXR_INFO("cxrpcd: seal table registered for pid %lld", (long long)m->pid);
   return 0;
 }
