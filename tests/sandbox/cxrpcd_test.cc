@@ -5,11 +5,14 @@
 #include <errno.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/sandbox/enforced.h"
@@ -385,6 +388,100 @@ TEST(CxrpcdRegister, APidsTablesAreBoundedSoADecisionStaysCheap) {
   kill(kid, SIGKILL);
   waitpid(kid, nullptr, 0);
   for (int fd : {go[0], go[1], out[0], out[1]}) close(fd);
+  stop_supervisor(&sup);
+}
+
+namespace {
+
+// start_supervisor's, with RLIMIT_NOFILE set to soft/hard for cxrpcd.
+bool start_limited(Supervisor *s, rlim_t soft, rlim_t hard) {
+  char dir[] = "/tmp/cxrpcd-test-XXXXXX";
+  if (mkdtemp(dir) == NULL) return false;
+  s->sock = std::string(dir) + "/sock";
+  std::string bin = runfile("tools/cxrpcd/cxrpcd");
+  s->pid = fork();
+  if (s->pid < 0) return false;
+  if (s->pid == 0) {
+    struct rlimit rl = {soft, hard};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
+    execl(bin.c_str(), "cxrpcd", "serve", "--socket", s->sock.c_str(), (char *)NULL);
+    _exit(127);
+  }
+  int c = cxr__cxrpcd_connect(s->sock.c_str(), 10000000000ll);
+  if (c < 0) return false;
+  close(c);
+  return true;
+}
+
+// The CPU time process pid has used (utime + stime, in clock ticks), or -1.
+long long cpu_ticks(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t p = all.rfind(')');
+  if (p == std::string::npos) return -1;
+  std::istringstream in(all.substr(p + 2));  // from field 3 on
+  std::string skip;
+  for (int k = 3; k < 14; k++) in >> skip;
+  long long ut = 0, st = 0;
+  return in >> ut >> st ? ut + st : -1;
+}
+
+}  // namespace
+
+TEST(CxrpcdLimits, TheSoftFdLimitIsRaisedToTheHardOne) {
+  // Full tables need about 3100 descriptors and the soft limit is often 1024: past it,
+  // /proc opens and pidfd_open failed and attaches and registrations were refused.
+  struct rlimit ours;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &ours), 0);
+  rlim_t hard = ours.rlim_max < 4096 ? ours.rlim_max : 4096;  // we may not raise it
+  if (hard <= 64) GTEST_SKIP() << "a hard fd limit of " << hard;
+  Supervisor sup;
+  ASSERT_TRUE(start_limited(&sup, 64, hard));
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/limits", (int)sup.pid);
+  FILE *f = fopen(path, "re");
+  ASSERT_NE(f, nullptr);
+  long long soft = -1;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "Max open files", 14)) soft = strtoll(line + 14, NULL, 10);
+  fclose(f);
+  EXPECT_EQ(soft, (long long)hard);
+  stop_supervisor(&sup);
+}
+
+TEST(CxrpcdLimits, ConnectionsPastTheFdLimitDoNotSpinTheSupervisor) {
+  // At its fd limit accept4 failed (EMFILE) with the connection still queued, so the
+  // listening socket stayed readable and the loop span until clients went. Now the tables
+  // fit the limit, and after EMFILE the socket is left alone for 100 ms.
+  Supervisor sup;
+  ASSERT_TRUE(start_limited(&sup, 128, 128));
+  std::vector<int> conns;
+  struct sockaddr_un a = {};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", sup.sock.c_str());
+  // More than the limit, for 500 ms at most: a full backlog refuses (EAGAIN) and we retry.
+  int64_t end = cxr_now_ns() + 500000000ll;
+  while (conns.size() < 180 && cxr_now_ns() < end) {
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(c, 0);
+    if (connect(c, (struct sockaddr *)&a, sizeof a) == 0) {
+      conns.push_back(c);
+    } else {
+      close(c);
+      usleep(1000);
+    }
+  }
+  usleep(50000);
+  long long t0 = cpu_ticks(sup.pid);
+  usleep(500000);  // within the 1 s clients have: none has gone yet
+  long long used = cpu_ticks(sup.pid) - t0;
+  long hz = sysconf(_SC_CLK_TCK);
+  EXPECT_LT(used * 1000 / hz, 150) << "cxrpcd used " << used * 1000 / hz << " ms of CPU in 500"
+                                    << " (" << conns.size() << " connections)";
+  for (int c : conns) close(c);
+  int64_t t1 = cxr_now_ns();
+  EXPECT_TRUE(stats_answer(sup));
+  EXPECT_LT(cxr_now_ns() - t1, 2000000000ll);
   stop_supervisor(&sup);
 }
 

@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "sandbox/internal.h"
 #include "tools/cxrpcd/supervisor.h"
@@ -45,6 +46,13 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* Full tables need about 3100 descriptors; the soft limit is often 1024 (serve cuts
+     * its tables to what the limit leaves, so a low hard limit makes it serve fewer). */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
     return cxrpcd_serve(path, &stop) == 0 ? 0 : 1;
   }
   if (!strcmp(argv[1], "run")) {

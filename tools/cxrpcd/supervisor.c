@@ -18,6 +18,7 @@
 #include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/stat.h>
@@ -34,6 +35,14 @@
  * uid gets at most a quarter of the clients and of the supervised processes. */
 #define MAX_CLIENTS 1024
 #define MAX_PROCS 1024
+/* Descriptors kept besides those of clients (one each) and processes (two each): the
+ * thread cache's pidfds, standard streams, the listening socket and those a request opens
+ * for a moment (a received fd, /proc files, pidfds). The tables are cut to what
+ * RLIMIT_NOFILE leaves (main raises it to the hard limit): at 1024, the full tables needed
+ * about 3100, and past the limit accept4 failed with the listening socket still readable
+ * (the loop span) and /proc opens and pidfd_open failed (attaches and registrations
+ * refused with CXR_EPERM). */
+#define FD_RESERVE 96
 #define MAX_REGS 1024
 #define PER_UID 256
 /* Registrations: a registrant uid (SO_PEERCRED) holds at most PER_UID of them, as for
@@ -87,6 +96,8 @@ typedef struct sup {
   struct { int64_t tid, tgid; int pidfd; } tcache[64]; /* used if tid > 0 */
   unsigned tnext;
   uint64_t allowed, refused;
+  int max_clients, max_procs, clients_per_uid, procs_per_uid; /* what the fd limit allows */
+  int64_t accept_after; /* no accepting before (after EMFILE or ENFILE) */
 } sup;
 
 static int64_t read_status_field(int64_t pid, const char *field) {
@@ -225,8 +236,8 @@ static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
     mine += s->procs[i].uid == cr.uid;
   }
   if (same >= 0 && !gone(s->procs[same].pidfd)) return CXR_EBUSY;
-  if (same < 0 && s->nprocs == MAX_PROCS) return CXR_EFULL;
-  if (mine >= PER_UID && (same < 0 || s->procs[same].uid != cr.uid)) return CXR_EFULL;
+  if (same < 0 && s->nprocs == s->max_procs) return CXR_EFULL;
+  if (mine >= s->procs_per_uid && (same < 0 || s->procs[same].uid != cr.uid)) return CXR_EFULL;
   int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)m->pid, 0);
   if (pidfd < 0) return CXR_EPERM;
   if (same >= 0) { /* the caller closes fd: the entry keeps the copy it has */
@@ -366,7 +377,7 @@ static void on_accept(sup *s, int c) {
         (oldest < 0 || s->clients[i].deadline < s->clients[oldest].deadline))
       oldest = i;
   }
-  if (n >= PER_UID) {
+  if (n >= s->clients_per_uid) {
     if (oldest < 0) {
       close(c);
       return;
@@ -506,6 +517,25 @@ static int claim_path(const struct sockaddr_un *a) {
   return unlink(a->sun_path) == 0 || errno == ENOENT ? 0 : cxr__from_errno(errno);
 }
 
+/* Cuts the tables to the descriptors RLIMIT_NOFILE leaves (see FD_RESERVE); a uid's share
+ * stays a quarter of each. */
+static void size_tables(sup *s) {
+  struct rlimit rl;
+  long room = MAX_CLIENTS + 2l * MAX_PROCS;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    room = (long)rl.rlim_cur - FD_RESERVE;
+  long third = room / 3;
+  if (third < 4) third = 4; /* a few, even at a limit this low */
+  s->max_clients = third < MAX_CLIENTS ? (int)third : MAX_CLIENTS;
+  s->max_procs = third < MAX_PROCS ? (int)third : MAX_PROCS;
+  s->clients_per_uid = s->max_clients / 4 > 1 ? s->max_clients / 4 : 1;
+  s->procs_per_uid = s->max_procs / 4 > 1 ? s->max_procs / 4 : 1;
+  if (s->max_clients < MAX_CLIENTS || s->max_procs < MAX_PROCS)
+    CXR_WARN("cxrpcd: RLIMIT_NOFILE %llu allows %d clients and %d processes (of %d and %d)",
+             (unsigned long long)rl.rlim_cur, s->max_clients, s->max_procs, MAX_CLIENTS,
+             MAX_PROCS);
+}
+
 int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   struct sockaddr_un a = {.sun_family = AF_UNIX};
   if (!path || strlen(path) >= sizeof a.sun_path) return CXR_EINVAL;
@@ -514,6 +544,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   if (rc) return rc;
   sup *s = calloc(1, sizeof *s);
   if (!s) return CXR_ENOMEM;
+  size_tables(s);
   s->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->lfd, 64) != 0) {
     rc = cxr__from_errno(errno);
@@ -536,7 +567,12 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   while (!*stop) {
     int n = 0, ms = expire(s);
     /* A full table leaves new connections in the backlog until a client goes. */
-    pf[n++] = (struct pollfd){.fd = s->nclients < MAX_CLIENTS ? s->lfd : -1, .events = POLLIN};
+    bool accepting = s->nclients < s->max_clients && cxr_now_ns() >= s->accept_after;
+    if (!accepting && s->accept_after > cxr_now_ns()) {
+      int wait = (int)((s->accept_after - cxr_now_ns()) / 1000000) + 1;
+      if (wait < ms) ms = wait;
+    }
+    pf[n++] = (struct pollfd){.fd = accepting ? s->lfd : -1, .events = POLLIN};
     for (int i = 0; i < s->nclients; i++)
       pf[n++] = (struct pollfd){.fd = s->clients[i].fd, .events = POLLIN};
     for (int i = 0; i < s->nprocs; i++)
@@ -558,7 +594,14 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
       if (pf[1 + i].revents) on_client(s, i);
     if (pf[0].revents & POLLIN) {
       int c = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK); /* see reply() */
-      if (c >= 0) on_accept(s, c);
+      if (c >= 0) {
+        on_accept(s, c);
+      } else if (errno == EMFILE || errno == ENFILE) {
+        /* The connection stays queued and the socket readable: polling it again at once
+         * only spins. Wait for descriptors to come free (clients expire within 1 s). */
+        CXR_WARN("cxrpcd: cannot accept (%s); pausing 100 ms", strerror(errno));
+        s->accept_after = cxr_now_ns() + 100000000ll;
+      }
     }
   }
   while (s->nclients) drop_client(s, 0);
