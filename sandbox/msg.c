@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -104,6 +105,22 @@ int cxr__cxrpcd_path(const char *explicit_path, char *out, size_t cap) {
   return 0;
 }
 
+/* A connect that waits for room in a full accept queue at most wait_ns (SO_SNDTIMEO bounds
+ * that wait for Unix sockets; a non-blocking connect cannot be polled for it, it fails with
+ * EAGAIN at once). A cxrpcd whose client table is full accepts no one, and its queue fills:
+ * a plain connect then waited for good. 0, or the errno (EAGAIN: the wait ran out). */
+static int connect_within(int s, const struct sockaddr_un *a, int64_t wait_ns) {
+  if (wait_ns < 1000000) wait_ns = 1000000;
+  struct timeval tv = {.tv_sec = wait_ns / 1000000000, .tv_usec = wait_ns % 1000000000 / 1000};
+  if (setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) return errno;
+  int rc = connect(s, (const struct sockaddr *)a, sizeof *a) == 0 ? 0 : errno;
+  struct timeval none = {0, 0}; /* sends as before: blocking, unbounded */
+  if (rc == 0 && setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none) != 0) rc = errno;
+  return rc;
+}
+
+/* Waits for the socket to appear and answer until timeout_ns has passed, and for room in
+ * its queue as long (at least 2 s when timeout_ns is 0: "do not wait for it to start"). */
 int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns) {
   struct sockaddr_un a = {.sun_family = AF_UNIX};
   if (!path || strlen(path) >= sizeof a.sun_path) return CXR_EINVAL;
@@ -112,10 +129,15 @@ int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns) {
   for (;;) {
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (s < 0) return cxr__from_errno(errno);
-    if (connect(s, (struct sockaddr *)&a, sizeof a) == 0) return s;
-    int e = errno;
+    int64_t left = deadline - cxr_now_ns();
+    int e = connect_within(s, &a, timeout_ns > 0 ? left : 2000000000ll);
+    if (e == 0) return s;
     close(s);
-    if ((e != ENOENT && e != ECONNREFUSED) || cxr_now_ns() >= deadline) {
+    if (e == EAGAIN) {
+      CXR_WARN("cxrpcd at %s accepts no connection (its queue stayed full)", path);
+      return CXR_ETIMEDOUT;
+    }
+    if ((e != ENOENT && e != ECONNREFUSED && e != EINTR) || cxr_now_ns() >= deadline) {
       CXR_DEBUG("cxrpcd at %s: %s", path, strerror(e));
       return CXR_ENOTCONN;
     }

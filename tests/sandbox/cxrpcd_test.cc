@@ -603,17 +603,73 @@ TEST_F(CxrpcdEnforced, ASecondSupervisorDoesNotTakeTheSocket) {
   cxr_seal_table_close(t2);
 }
 
+namespace {
+
+// A socket bound at <dir>/sock in a fresh dir.
+struct BoundSocket {
+  char dir[24] = "/tmp/cxrpcd-test-XXXXXX";
+  std::string path;
+  struct sockaddr_un a = {};
+  int fd = -1;
+};
+
+bool bind_fresh(BoundSocket *b) {
+  if (mkdtemp(b->dir) == nullptr) return false;
+  b->path = std::string(b->dir) + "/sock";
+  b->a.sun_family = AF_UNIX;
+  snprintf(b->a.sun_path, sizeof b->a.sun_path, "%s", b->path.c_str());
+  b->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  return b->fd >= 0 && bind(b->fd, (struct sockaddr *)&b->a, sizeof b->a) == 0;
+}
+
+}  // namespace
+
+TEST(CxrpcdSocket, ConnectsToAFullQueueGiveUp) {
+  // A cxrpcd with a full client table accepts no one and its queue fills; clients (and a
+  // second `cxrpcd serve` checking the path) connected with no bound and waited for good.
+  // Here a socket that never accepts, its queue full.
+  BoundSocket b;
+  ASSERT_TRUE(bind_fresh(&b));
+  ASSERT_EQ(listen(b.fd, 0), 0);
+  const std::string &path = b.path;
+  struct sockaddr_un &a = b.a;
+  std::vector<int> queued;
+  for (int i = 0; i < 16; i++) {
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(c, 0);
+    if (connect(c, (struct sockaddr *)&a, sizeof a) != 0) {
+      close(c);
+      break;
+    }
+    queued.push_back(c);
+  }
+  ASSERT_LT(queued.size(), 16u) << "the queue did not fill";
+  // A client, in a child (if it hung, we could not stop it): its answer as its status.
+  pid_t kid = fork();
+  ASSERT_GE(kid, 0);
+  if (kid == 0) _exit(-cxr__cxrpcd_connect(path.c_str(), 300000000ll));
+  int64_t t0 = cxr_now_ns();
+  int rc = exit_within_5s(kid);
+  EXPECT_EQ(rc, -CXR_ETIMEDOUT) << "the client's connect did not give up";
+  EXPECT_LT(cxr_now_ns() - t0, 2000000000ll);
+  // `cxrpcd serve` takes a full queue for a live cxrpcd's and does not start.
+  int err = -1;
+  pid_t second = serve_at(path, &err);
+  ASSERT_GT(second, 0);
+  EXPECT_EQ(exit_within_5s(second), 1) << "cxrpcd serve hung or replaced the socket";
+  close(err);
+  for (int c : queued) close(c);
+  close(b.fd);
+  unlink(path.c_str());
+  rmdir(b.dir);
+}
+
 TEST(CxrpcdSocket, AStaleSocketIsReplaced) {
   // A socket no one listens on (its cxrpcd died) is unlinked and taken.
-  char dir[] = "/tmp/cxrpcd-test-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  std::string path = std::string(dir) + "/sock";
-  struct sockaddr_un a = {};
-  a.sun_family = AF_UNIX;
-  snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
-  int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-  ASSERT_EQ(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-  close(s);  // left behind, as by a cxrpcd that died
+  BoundSocket b;
+  ASSERT_TRUE(bind_fresh(&b));
+  close(b.fd);  // left behind, as by a cxrpcd that died
+  const std::string &path = b.path;
   int err = -1;
   Supervisor sup;
   sup.sock = path;

@@ -504,9 +504,13 @@ static int claim_path(const struct sockaddr_un *a) {
   }
   int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (c < 0) return cxr__from_errno(errno);
-  int rc = connect(c, (const struct sockaddr *)a, sizeof *a) == 0 ? 0 : errno;
+  /* Bounded: a cxrpcd with a full client table accepts no one and its queue fills, and a
+   * plain connect waited for good. A queue that stays full (EAGAIN) is one that is served. */
+  struct timeval tv = {.tv_sec = 2};
+  int rc = setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ? errno : 0;
+  if (rc == 0) rc = connect(c, (const struct sockaddr *)a, sizeof *a) == 0 ? 0 : errno;
   close(c);
-  if (rc == 0) {
+  if (rc == 0 || rc == EAGAIN) {
     fprintf(stderr, "cxrpcd: another cxrpcd serves on %s; not starting\n", a->sun_path);
     return CXR_EBUSY;
   }
