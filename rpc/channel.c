@@ -734,6 +734,10 @@ int cxr_channel_serve(cxr_channel *ch) {
 
 void cxr_channel_stop(cxr_channel *ch) {
   if (ch == NULL || ch->cb == NULL || cxr__fork_inherited(ch->fork_epoch)) return;
+  /* Counted before the stop flag: once it is set, serve() may return on another thread and
+   * its caller close the channel while we still wake and lock it (TSan saw the close free
+   * it under us); close_rest waits for the count to fall. */
+  __atomic_fetch_add(&ch->stoppers, 1, __ATOMIC_SEQ_CST);
   __atomic_store_n(&ch->stop, 1, __ATOMIC_RELEASE);
   wake_all(ch);
   /* Threads started by cxr_channel_start are joined here (unless we are one of them);
@@ -750,6 +754,7 @@ void cxr_channel_stop(cxr_channel *ch) {
     }
   }
   pthread_mutex_unlock(&ch->lock);
+  __atomic_fetch_sub(&ch->stoppers, 1, __ATOMIC_RELEASE);
 }
 
 void cxr_channel_close(cxr_channel *ch) {
@@ -803,6 +808,8 @@ static void close_rest(cxr_channel *ch) {
     close_watched(ch->ctl);
     cxr_heap_unlink(name);
   }
+  /* A stop on another thread may still be waking and locking the channel. */
+  while (__atomic_load_n(&ch->stoppers, __ATOMIC_ACQUIRE) != 0) usleep(100);
   pthread_mutex_destroy(&ch->lock);
   free(ch);
 }

@@ -87,6 +87,7 @@ struct cxr_channel {
   uint32_t heap_seq;         /* makes heap names unique */
   int stop;                  /* atomic */
   int running;               /* atomic: serve/start in progress */
+  int stoppers;              /* atomic: cxr_channel_stop calls under way (close_rest waits) */
   bool background;           /* threads came from cxr_channel_start */
   bool finish_on_return;     /* (lock) cxr_channel_close gave up waiting for a serve() on
                                 another thread: that serve() finishes the close */
