@@ -413,11 +413,16 @@ static bool hand_over_due(cxr_alock_ref *r, unsigned slot) {
   uint64_t me = slot + 1;
   int64_t end = cxr_now_ns() + 10000000000;
   for (unsigned i = 0;; i++) {
+    /* Looked at first: a queueing process writes its prev, then links itself, so one seen
+     * under way here is seen behind us below once it is no longer under way (checked the
+     * other way round, a prev written between the two looks was missed: TSan's timing
+     * showed it) */
+    bool under_way = enqueue_under_way(l, slot);
     uint64_t nx = LD(&l->lnodes[slot].next);
     if (nx > CXR_ALOCK_SLOTS) return false;
     if (nx != 0) return waits_down_the_line(l, slot, nx);
     if (LD(&l->ltail) == me || waits_behind(l, slot)) return true;
-    if (!enqueue_under_way(l, slot) || cxr_now_ns() > end) return false;
+    if (!under_way || cxr_now_ns() > end) return false;
     backoff(r, i);
   }
 }
