@@ -148,6 +148,14 @@ bool dies_holding(cxr_alock *l, unsigned slot) {
   return true;
 }
 
+// A pod participant's ref to lock l through `slot`.
+cxr_alock_ref pod_ref(cxr_alock *l, unsigned slot) {
+  cxr_alock_ref r = {};
+  r.local = l;
+  r.slot = slot;
+  return r;
+}
+
 // Takes and gives back the lock through `slot` (deadline 20 s): 0, or what failed.
 int lock_unlock(cxr_alock *l, unsigned slot) {
   cxr_alock_ref r = {};
@@ -174,9 +182,7 @@ TEST(Alock, APodProcessThatDiesWaitingIsPassedOver) {
   // the holder unlocks, the lock reaches the third (it used to be handed to the dead one).
   cxr_alock *l = shared_lock();
   ASSERT_NE(l, nullptr);
-  cxr_alock_ref h = {};
-  h.local = l;
-  h.slot = 0;
+  cxr_alock_ref h = pod_ref(l, 0);
   ASSERT_EQ(cxr_alock_lock(&h, 0), 0);
   pid_t b = child_locking(l, 1, false);
   ASSERT_GT(b, 0);
@@ -233,9 +239,7 @@ TEST(Alock, AWaiterThatGaveUpDoesNotStopTheRecoveryOfADeadHolderAheadOfIt) {
   ASSERT_NE(l, nullptr);
   pid_t h = child_locking(l, 0, true);
   ASSERT_GT(h, 0);
-  cxr_alock_ref b = {};
-  b.local = l;
-  b.slot = 1;
+  cxr_alock_ref b = pod_ref(l, 1);
   ASSERT_EQ(cxr_alock_lock(&b, cxr_now_ns() + 2 * kMs), CXR_ETIMEDOUT);
   kill_child(h);
   EXPECT_EQ(lock_unlock(l, 2), 0);
@@ -272,9 +276,7 @@ TEST(Alock, ReusingTheSlotOfAProcessKilledMidReleaseGrantsNoSecondHolder) {
   brc = 1;
   std::thread tb2([&] { brc = cxr_alock_lock(&b, cxr_now_ns() + 5000 * kMs); });
   ASSERT_TRUE(tail_becomes(l, 2));  // b waits behind c
-  cxr_alock_ref a2 = {};  // the slot's next owner (the node's owner is dead)
-  a2.local = l;
-  a2.slot = 0;
+  cxr_alock_ref a2 = pod_ref(l, 0);  // the slot's next owner (the node's owner is dead)
   std::atomic<int> arc{1};
   std::thread ta([&] { arc = cxr_alock_lock(&a2, cxr_now_ns() + 5000 * kMs); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -345,9 +347,7 @@ TEST(Alock, ASuccessorLinkingLateBehindADeadHeadIsStillHandedTheLock) {
   l->lnodes[1].next = 0;
   l->lnodes[1].locked = 1;
   l->ltail = 2;
-  cxr_alock_ref a2 = {};  // the slot's next owner
-  a2.local = l;
-  a2.slot = 0;
+  cxr_alock_ref a2 = pod_ref(l, 0);  // the slot's next owner
   std::atomic<int> arc{1};
   std::thread ta([&] { arc = cxr_alock_lock(&a2, cxr_now_ns() + 5000 * kMs); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the successor, preempted
@@ -357,9 +357,7 @@ TEST(Alock, ASuccessorLinkingLateBehindADeadHeadIsStillHandedTheLock) {
   while (__atomic_load_n(&l->lnodes[1].locked, __ATOMIC_ACQUIRE) == 1 && cxr_now_ns() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_NE(l->lnodes[1].locked, 1u) << "the successor was never handed the lock";
-  cxr_alock_ref s1 = {};
-  s1.local = l;
-  s1.slot = 1;
+  cxr_alock_ref s1 = pod_ref(l, 1);
   if (l->lnodes[1].locked != 1) {
     EXPECT_EQ(cxr_alock_unlock(&s1), 0);
   }
@@ -380,14 +378,10 @@ TEST(Alock, AHolderKilledWhilePassingOverAWaiterThatGaveUpStrandsNobody) {
   ASSERT_NE(l, nullptr);
   pid_t d = child_locking(l, 0, true);
   ASSERT_GT(d, 0);
-  cxr_alock_ref a = {};
-  a.local = l;
-  a.slot = 1;
+  cxr_alock_ref a = pod_ref(l, 1);
   ASSERT_EQ(cxr_alock_lock(&a, cxr_now_ns() + 30 * kMs), CXR_ETIMEDOUT);  // a abandoned
   std::atomic<int> src{1};
-  cxr_alock_ref s = {};
-  s.local = l;
-  s.slot = 2;
+  cxr_alock_ref s = pod_ref(l, 2);
   std::thread ts([&] { src = cxr_alock_lock(&s, cxr_now_ns() + 5000 * kMs); });
   ASSERT_TRUE(tail_becomes(l, 3));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -395,9 +389,7 @@ TEST(Alock, AHolderKilledWhilePassingOverAWaiterThatGaveUpStrandsNobody) {
   ASSERT_EQ(__atomic_load_n(&l->lnodes[1].next, __ATOMIC_ACQUIRE), 3u);
   __atomic_store_n(&l->lnodes[1].locked, 4, __ATOMIC_RELEASE);  // d: a passed over ...
   kill_child(d);                                                 // ... and d dies
-  cxr_alock_ref a2 = {};  // slot 0's next owner
-  a2.local = l;
-  a2.slot = 0;
+  cxr_alock_ref a2 = pod_ref(l, 0);  // slot 0's next owner
   std::atomic<int> arc{1};
   std::thread ta([&] { arc = cxr_alock_lock(&a2, cxr_now_ns() + 5000 * kMs); });
   ts.join();
