@@ -6,6 +6,22 @@ set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 log=$(mktemp -d /tmp/cxrpc-test.XXXX)
 passed=0 failed=0
+digest="$log/digest"  # where each failed test went wrong, printed again at the very end
+
+# digest OUTPUT SUITE: from the log of each test that failed, the lines that say why (a
+# gtest failure, a sanitizer report, UCX's fatal error or signal with its backtrace) and its
+# last lines. The bazel summary alone cut a crash's first frames (CI keeps only the end of
+# the output), so this goes last, bounded.
+digest() {
+  grep -oE '/[^ ]+/testlogs/[^ ]+/test\.log' "$1" | sort -u | head -4 | while read -r t; do
+    [ -f "$t" ] || continue
+    echo "--- [$2] ${t##*/testlogs/}"
+    grep -nE -A14 'Failure$|Caught signal|Fatal|Assertion|ERROR: [A-Za-z]+Sanitizer|WARNING: ThreadSanitizer|runtime error|==== backtrace' \
+      "$t" | head -45
+    echo "  (last lines)"
+    tail -8 "$t"
+  done | cut -c1-240 >>"$digest"
+}
 
 run() { # run NAME BAZEL-ARGS...
   local name=$1; shift
@@ -23,6 +39,7 @@ run() { # run NAME BAZEL-ARGS...
   if [ "$f" -ne 0 ]; then
     # Show why: the logs of failed tests (already printed by --test_output=errors).
     grep -vE '^(INFO|Loading|Analyzing|[0-9.]+: src/main/tools)' "$out" | tail -60
+    digest "$out" "$name"
   fi
   passed=$((passed + p)); failed=$((failed + f))
 }
@@ -65,6 +82,10 @@ if [ "$netns_ok" -eq 0 ]; then
     mountpoint -q /run/netns 2>/dev/null && [ -z "$(ls -A /run/netns 2>/dev/null)" ] || break
     umount /run/netns 2>/dev/null || break
   done
+fi
+if [ -s "$digest" ]; then
+  echo "== why the failed tests failed (from their logs)"
+  head -150 "$digest"
 fi
 echo "logs in $log; $((SECONDS - start)) s"
 echo "$passed passed, $failed failed"
