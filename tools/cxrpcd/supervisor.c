@@ -521,6 +521,18 @@ static int claim_path(const struct sockaddr_un *a) {
   return unlink(a->sun_path) == 0 || errno == ENOENT ? 0 : cxr__from_errno(errno);
 }
 
+/* Binds the socket so that every user may connect (0666): cxrpcd serves them all, bounded
+ * per uid, and checks each request's sender itself (SO_PEERCRED). Bound under the caller's
+ * umask (022: 0755), it took connections from its own uid only (EACCES for everyone else).
+ * Set through the umask, not a chmod after the bind, which would follow whatever another
+ * user put at the path meanwhile; who reaches the socket is the directory's to say. */
+static int bind_for_all(int fd, const struct sockaddr_un *a) {
+  mode_t old = umask(0111);
+  int rc = bind(fd, (const struct sockaddr *)a, sizeof *a);
+  umask(old);
+  return rc;
+}
+
 /* Cuts the tables to the descriptors RLIMIT_NOFILE leaves (see FD_RESERVE); a uid's share
  * stays a quarter of each. */
 static void size_tables(sup *s) {
@@ -550,7 +562,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   if (!s) return CXR_ENOMEM;
   size_tables(s);
   s->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (s->lfd < 0 || bind(s->lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(s->lfd, 64) != 0) {
+  if (s->lfd < 0 || bind_for_all(s->lfd, &a) != 0 || listen(s->lfd, 64) != 0) {
     rc = cxr__from_errno(errno);
     CXR_ERR("cxrpcd: cannot listen on %s: %s", path, strerror(errno));
     if (s->lfd >= 0) close(s->lfd);

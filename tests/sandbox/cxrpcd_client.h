@@ -1,0 +1,187 @@
+// Talking to cxrpcd's socket directly, as the cxrpcd suites do: one request on a fresh
+// connection, attaching a process under the enforcement filter (optionally as another
+// user), registering tables, and a cxrpcd started under a lower descriptor limit.
+#ifndef CXRPC_TESTS_SANDBOX_CXRPCD_CLIENT_H
+#define CXRPC_TESTS_SANDBOX_CXRPCD_CLIENT_H
+
+#include <grp.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+
+#include "tests/sandbox/harness.h"
+
+namespace sbx {
+
+// One request on a fresh connection: the reply's status, or -9999 if none came within 2 s.
+// *conn, if given, receives the connection (left open), else it is closed.
+inline int request(const Supervisor &sup, uint32_t type, int64_t pid, uint64_t base, uint64_t size,
+            int fd, int *conn = nullptr) {
+  int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+  if (c < 0) return -9999;
+  cxr__cxrpcd_msg m = {};
+  m.magic = CXR__CXRPCD_MAGIC;
+  m.type = type;
+  m.pid = pid;
+  m.base = base;
+  m.size = size;
+  int rc = -9999;
+  if (cxr__msg_send(c, &m, fd) == 0 && cxr__msg_recv(c, &m, NULL, 2000000000ll) == 0 &&
+      m.type == CXR__MSG_REPLY)
+    rc = m.status;
+  if (conn) *conn = c;
+  else close(c);
+  return rc;
+}
+
+inline int attach(const Supervisor &sup, int64_t pid, int fd) {
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  return request(sup, CXR__MSG_ATTACH, pid, wbase, wsize, fd);
+}
+
+// Registers a fresh table (cxr_seal_table_create's) for pid: cxr_seal_table_enforce's answer.
+inline int register_for(const Supervisor &sup, int64_t pid) {
+  cxr_seal_table *t = nullptr;
+  if (cxr_seal_table_create(&t, nullptr) != 0) return -9999;
+  int rc = cxr_seal_table_set_peer(t, (int)pid, nullptr, 0);
+  if (rc == 0) rc = cxr_seal_table_enforce(t, sup.sock.c_str());
+  cxr_seal_table_close(t);
+  return rc;
+}
+
+// Puts this process under the enforcement filter (irreversible: children only): its listener.
+inline int filter_self() {
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  return cxr__enforce_filter_load(wbase, wsize);
+}
+
+// Makes this process uid's alone (no root, no supplementary groups): whether it could.
+inline bool become(uid_t uid) {
+  return setgroups(0, nullptr) == 0 && setgid((gid_t)uid) == 0 && setuid(uid) == 0;
+}
+
+// Forks a child that puts itself under the filter and attaches to sup (it exits 1 if it
+// cannot): the child's pid in the parent, 0 in the child (*nfd: its listener, kept). A
+// nonzero uid: the child first becomes that uid's.
+inline pid_t fork_attached(const Supervisor &sup, int *nfd, uid_t uid = 0) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (uid != 0 && !become(uid)) _exit(2);
+  *nfd = filter_self();
+  if (*nfd < 0 || attach(sup, getpid(), *nfd) != 0) _exit(1);
+  return 0;
+}
+
+inline bool stats_answer(const Supervisor &sup) {
+  uint64_t a = 0, r = 0;
+  return supervisor_stats(sup, &a, &r);
+}
+
+// A table whose first record is being written (claimed, no length yet): it holds the whole
+// window, so a process it is registered for has every raise there refused. The fd, or -1;
+// *w is the maker's writable view.
+inline int window_holding_table(cxr__seal_hdr **w) {
+  int fd = fake_table(4, kTableSeals, w);
+  if (fd < 0) return -1;
+  cxr__seal_rec *r = cxr__seal_recs(*w);
+  __atomic_store_n(&r[0].len, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&r[0].state, (uint64_t)CXR__SEAL_CLAIM, __ATOMIC_RELEASE);
+  return fd;
+}
+
+// One registration of table fd for pid on connection c: the reply's status (-9999: none).
+inline int register_on(int c, int64_t pid, int fd) {
+  cxr__cxrpcd_msg m = {};
+  m.magic = CXR__CXRPCD_MAGIC;
+  m.type = CXR__MSG_REGISTER;
+  m.pid = pid;
+  if (cxr__msg_send(c, &m, fd) != 0 || cxr__msg_recv(c, &m, NULL, 2000000000ll) != 0 ||
+      m.type != CXR__MSG_REPLY)
+    return -9999;
+  return m.status;
+}
+
+// What a child that registers tables of its own for itself reports.
+struct RegReport {
+  pid_t pid = -1;  // the child's (reports come in the order children read go, not forked)
+  int accepted = -1;
+  int dup = 0;      // the status of the same table registered again
+  int refused = 0;  // the status of the first one refused
+  int64_t decide_ns = -1;
+};
+
+// Forks an attached child that creates n tables of `slots` records, registers the first
+// twice and then all of them for itself on one connection, once it reads a byte from go;
+// then times a notified raise (the second: the first faults the tables in), writes its
+// report to out and waits to be killed. A nonzero uid: the child is that uid's.
+inline pid_t registering_child(const Supervisor &sup, int n, unsigned slots, int go, int out,
+                        uid_t uid = 0) {
+  int nfd = -1;
+  pid_t pid = fork_attached(sup, &nfd, uid);
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // not left behind by a failed assertion
+  char b;
+  if (read(go, &b, 1) != 1) _exit(1);
+  RegReport rep;
+  rep.pid = getpid();
+  rep.accepted = 0;
+  cxr_seal_opts o;
+  cxr_seal_opts_init(&o);
+  o.slots = slots;
+  int c = cxr__cxrpcd_connect(sup.sock.c_str(), 2000000000ll);
+  if (c < 0) _exit(1);
+  for (int i = 0; i < n; i++) {
+    cxr_seal_table *t = nullptr;  // kept (and so mapped) until the child is killed
+    if (cxr_seal_table_create(&t, &o) != 0) _exit(1);
+    int rc = register_on(c, getpid(), cxr_seal_table_fd(t));
+    if (i == 0) rep.dup = register_on(c, getpid(), cxr_seal_table_fd(t));
+    if (rc == 0) rep.accepted++;
+    else if (rep.refused == 0) rep.refused = rc;
+  }
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  void *p = (void *)(wbase + wsize / 2 + 0x123000);
+  mprotect(p, 4096, PROT_READ | PROT_WRITE);  // notified; cxrpcd's first read of the tables
+  int64_t t0 = cxr_now_ns();
+  mprotect(p, 4096, PROT_READ | PROT_WRITE);
+  rep.decide_ns = cxr_now_ns() - t0;
+  (void)!write(out, &rep, sizeof rep);
+  pause();
+  _exit(0);
+}
+
+
+// Lets a registering_child go (a byte on go) and reads its report from out (20 s at most).
+inline bool next_report(int go, int out, RegReport *rep) {
+  struct pollfd p = {out, POLLIN, 0};
+  return write(go, "g", 1) == 1 && poll(&p, 1, 20000) == 1 &&
+         read(out, rep, sizeof *rep) == (ssize_t)sizeof *rep;
+}
+
+// start_supervisor's, with RLIMIT_NOFILE set to soft/hard for cxrpcd.
+inline bool start_limited(Supervisor *s, rlim_t soft, rlim_t hard) {
+  char dir[] = "/tmp/cxrpcd-test-XXXXXX";
+  if (mkdtemp(dir) == NULL) return false;
+  s->sock = std::string(dir) + "/sock";
+  std::string bin = runfile("tools/cxrpcd/cxrpcd");
+  s->pid = fork();
+  if (s->pid < 0) return false;
+  if (s->pid == 0) {
+    struct rlimit rl = {soft, hard};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
+    execl(bin.c_str(), "cxrpcd", "serve", "--socket", s->sock.c_str(), (char *)NULL);
+    _exit(127);
+  }
+  int c = cxr__cxrpcd_connect(s->sock.c_str(), 10000000000ll);
+  if (c < 0) return false;
+  close(c);
+  return true;
+}
+
+
+}  // namespace sbx
+#endif

@@ -1,0 +1,294 @@
+// cxrpcd with several users: every other suite runs as root alone. cxrpcd serves every user
+// of the machine (the pod root is 01777), bounds each uid's places (SO_PEERCRED) so that one
+// cannot lock the others out, and must keep each user's processes out of the others' reach.
+// The children here become other users: nobody, and two uids no account has. Bazel's
+// sandbox maps no uid but root (setuid fails there), so this suite runs unsandboxed; where
+// it cannot change uid it skips.
+#include <gtest/gtest.h>
+#include <errno.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/sandbox/cxrpcd_client.h"
+
+using namespace sbx;
+
+namespace {
+
+const uid_t kUidA = 65534, kUidB = 61017;
+
+// As the pod root is: every user reaches the socket's directory.
+bool open_dir(const Supervisor &sup) {
+  return chmod(sup.sock.substr(0, sup.sock.rfind('/')).c_str(), 01777) == 0;
+}
+
+// n ints from fd within 10 s (false if they did not come).
+bool read_ints(int fd, int *v, int n) {
+  for (int i = 0; i < n; i++) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1 || read(fd, &v[i], sizeof v[i]) != (ssize_t)sizeof v[i])
+      return false;
+  }
+  return true;
+}
+
+void put_int(int fd, int v) { (void)!write(fd, &v, sizeof v); }
+
+// Runs fn(out) in a child that became uid's, then waits to be killed: the child's pid.
+template <class F>
+pid_t as_user(uid_t uid, int out, F fn) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // not left behind by a failed assertion
+  if (!become(uid)) _exit(100);
+  fn(out);
+  pause();
+  _exit(0);
+}
+
+void end(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+// A raise in the window where nothing is mapped: -ENOMEM once let through, -EPERM if refused.
+int raise_in_window() {
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  void *p = (void *)(wbase + wsize / 2 + 0x123000);
+  return mprotect(p, 4096, PROT_READ | PROT_WRITE) == 0 ? 0 : -errno;
+}
+
+// A supervised process of uid, driven by one byte at a time: 'r' raise_in_window(), 'm'
+// maps fd read-only and keeps it (as a sender takes its server's table); each answered
+// with an int.
+struct Puppet {
+  pid_t pid = -1;
+  int ctl = -1;
+};
+
+bool spawn_puppet(const Supervisor &sup, uid_t uid, int fd, Puppet *p) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return false;
+  int nfd = -1;
+  p->pid = fork_attached(sup, &nfd, uid);
+  if (p->pid < 0) return false;
+  if (p->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(sv[0]);
+    char c;
+    while (read(sv[1], &c, 1) == 1) {
+      int rc = -EINVAL;
+      if (c == 'r') rc = raise_in_window();
+      if (c == 'm' && mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) rc = -errno;
+      else if (c == 'm') rc = 0;
+      put_int(sv[1], rc);
+    }
+    _exit(0);
+  }
+  close(sv[1]);
+  p->ctl = sv[0];
+  return true;
+}
+
+// The puppet's answer (-9999: none within 10 s, as when it could not attach).
+int puppet_do(Puppet *p, char c) {
+  int rc = -9999;
+  if (write(p->ctl, &c, 1) != 1 || !read_ints(p->ctl, &rc, 1)) return -9999;
+  return rc;
+}
+
+void end_puppet(Puppet *p) {
+  end(p->pid);
+  close(p->ctl);
+  p->pid = -1;
+}
+
+// Whether a child of ours can become another user (not under Bazel's sandbox).
+bool can_change_uid() {
+  pid_t k = fork();
+  if (k == 0) _exit(become(kUidA) ? 0 : 1);
+  int st = 1;
+  return k > 0 && waitpid(k, &st, 0) == k && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+// A cxrpcd every user reaches, and a pipe the children report on (io[1]).
+class CxrpcdUsers : public ::testing::Test {
+ protected:
+  Supervisor sup;
+  int io[2] = {-1, -1};
+  void SetUp() override {
+    if (!can_change_uid()) GTEST_SKIP() << "cannot become uid " << kUidA << " here";
+    ASSERT_EQ(pipe2(io, O_CLOEXEC), 0);
+  }
+  void TearDown() override {
+    stop_supervisor(&sup);
+    for (int fd : io)
+      if (fd >= 0) close(fd);
+  }
+  // At fd_limit descriptors if given (cxrpcd's tables then small), else as it starts.
+  bool serve(rlim_t fd_limit = 0) {
+    bool up = fd_limit ? start_limited(&sup, fd_limit, fd_limit) : start_supervisor(&sup);
+    return up && open_dir(sup);
+  }
+};
+
+}  // namespace
+
+TEST_F(CxrpcdUsers, AnotherUserReachesTheSocketAndIsSupervised) {
+  // cxrpcd bound its socket under its umask (0755 for root's 022): only its own uid could
+  // connect (EACCES for everyone else), so no other user could run a program under it, ask
+  // its stats or register a table, and the per-uid bounds served no one.
+  ASSERT_TRUE(serve());
+  Puppet p;
+  ASSERT_TRUE(spawn_puppet(sup, kUidA, -1, &p));
+  EXPECT_EQ(puppet_do(&p, 'r'), -ENOMEM) << "a process of uid " << kUidA << " is not supervised";
+  pid_t b = as_user(kUidB, io[1], [&](int out) {
+    uint64_t a = 0, r = 0;
+    put_int(out, supervisor_stats(sup, &a, &r) ? 1 : 0);
+  });
+  int answered = 0;
+  ASSERT_TRUE(read_ints(io[0], &answered, 1));
+  EXPECT_EQ(answered, 1) << "uid " << kUidB << " got no stats";
+  end(b);
+  end_puppet(&p);
+}
+
+TEST_F(CxrpcdUsers, OneUserAtItsProcessBoundLeavesPlacesToAnother) {
+  // At a limit of 144 descriptors cxrpcd's tables are small (a uid's share a few places):
+  // one uid attaches until refused, and another still attaches.
+  ASSERT_TRUE(serve(144));
+  auto attaching = [&](int out) {
+    int nfd = filter_self();
+    put_int(out, nfd < 0 ? nfd : attach(sup, getpid(), nfd));
+  };
+  std::vector<pid_t> kids;
+  int rc = 0, taken = 0;
+  while (rc == 0 && kids.size() < 40) {  // the whole table is under 40
+    kids.push_back(as_user(kUidA, io[1], attaching));
+    ASSERT_TRUE(read_ints(io[0], &rc, 1));
+    taken += rc == 0;
+  }
+  EXPECT_GE(taken, 1);
+  EXPECT_EQ(rc, CXR_EFULL) << "uid " << kUidA << " attached " << taken << " processes";
+  kids.push_back(as_user(kUidB, io[1], attaching));
+  ASSERT_TRUE(read_ints(io[0], &rc, 1));
+  EXPECT_EQ(rc, 0) << "uid " << kUidB << " was refused while only uid " << kUidA << " was full";
+  for (pid_t k : kids) end(k);
+}
+
+TEST_F(CxrpcdUsers, OneUsersConnectionsDoNotCloseAnothers) {
+  // A uid at its client bound gives up its own oldest connection that sent nothing: here
+  // another uid's connection, opened before and idle, must stay and be answered.
+  ASSERT_TRUE(serve(144));
+  int go[2];
+  ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
+  pid_t b = as_user(kUidB, io[1], [&](int out) {
+    int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+    put_int(out, c >= 0);
+    char x;
+    if (read(go[0], &x, 1) != 1) return;
+    cxr__cxrpcd_msg m = {};
+    m.magic = CXR__CXRPCD_MAGIC;
+    m.type = CXR__MSG_STATS;
+    put_int(out, c >= 0 && cxr__msg_send(c, &m, -1) == 0 &&
+                     cxr__msg_recv(c, &m, NULL, 2000000000ll) == 0);
+  });
+  int v[3] = {0, 0, 0};
+  ASSERT_TRUE(read_ints(io[0], v, 1));
+  ASSERT_EQ(v[0], 1) << "uid " << kUidB << " could not connect";
+  usleep(20000);  // accepted before the others
+  pid_t a = as_user(kUidA, io[1], [&](int out) {
+    std::vector<int> conns;
+    for (int i = 0; i < 40; i++) conns.push_back(cxr__cxrpcd_connect(sup.sock.c_str(), 0));
+    // Answered once every connection before it was accepted (in order): by then the
+    // first was given up for the later ones.
+    put_int(out, stats_answer(sup));
+    struct pollfd p = {conns[0], POLLIN, 0};
+    put_int(out, conns[0] >= 0 && poll(&p, 1, 0) == 1 && (p.revents & POLLHUP));
+  });
+  ASSERT_TRUE(read_ints(io[0], v + 1, 2));
+  EXPECT_EQ(v[1], 1) << "uid " << kUidA << " got no answer";
+  EXPECT_EQ(v[2], 1) << "uid " << kUidA << "'s oldest connection was kept past its bound";
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  ASSERT_TRUE(read_ints(io[0], v, 1));
+  EXPECT_EQ(v[0], 1) << "uid " << kUidB << "'s connection was closed for uid " << kUidA << "'s";
+  end(a);
+  end(b);
+  close(go[0]);
+  close(go[1]);
+}
+
+TEST_F(CxrpcdUsers, OneUserAtItsRegistrationBoundLeavesPlacesToAnother) {
+  // A registrant uid holds at most 256 registrations: four of its processes register 64
+  // tables each (a pid's bound), a fifth is refused, and another uid's process still
+  // registers one.
+  ASSERT_TRUE(serve());
+  const int K = 6;  // four of uid A, the refused fifth, then uid B's
+  int go[K][2];
+  int *out = io;
+  pid_t kids[K];
+  for (int k = 0; k < K; k++) {
+    ASSERT_EQ(pipe2(go[k], O_CLOEXEC), 0);
+    kids[k] = registering_child(sup, k < 4 ? 64 : 1, 16, go[k][0], out[1], k < 5 ? kUidA : kUidB);
+    ASSERT_GE(kids[k], 0);
+  }
+  RegReport rep[K];
+  for (int k = 0; k < K; k++)  // one after the other
+    ASSERT_TRUE(next_report(go[k][1], out[0], &rep[k])) << "child " << k << " did not report";
+  for (int k = 0; k < 4; k++) EXPECT_EQ(rep[k].accepted, 64) << "child " << k;
+  EXPECT_EQ(rep[4].accepted, 0) << "uid " << kUidA << "'s 257th registration was taken";
+  EXPECT_EQ(rep[4].refused, CXR_EFULL);
+  EXPECT_EQ(rep[5].accepted, 1) << "uid " << kUidB << " was refused: " << rep[5].refused;
+  for (int k = 0; k < K; k++) {
+    end(kids[k]);
+    close(go[k][0]);
+    close(go[k][1]);
+  }
+}
+
+TEST_F(CxrpcdUsers, AnotherUserCannotAttachOrRegisterForAProcess) {
+  // What the protocol offers (ATTACH, REGISTER, STATS), tried by uid B on uid A's
+  // supervised process: attaching in its name, registering a table it never took, and
+  // taking (through /proc) the table its server gave it. Each refused, and the process is
+  // decided as before.
+  ASSERT_TRUE(serve());
+  cxr__seal_hdr *w = nullptr;
+  int given = window_holding_table(&w);  // what A's server gives A
+  ASSERT_GE(given, 0);
+  Puppet p;
+  ASSERT_TRUE(spawn_puppet(sup, kUidA, given, &p));
+  ASSERT_EQ(puppet_do(&p, 'r'), -ENOMEM);
+  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  pid_t victim = p.pid;
+  pid_t b = as_user(kUidB, io[1], [&](int out) {
+    cxr__seal_hdr *mine = nullptr;
+    int fd = window_holding_table(&mine);  // before the filter: no one reads its listener
+    int nfd = filter_self();               // under a filter, with a listener of its own
+    put_int(out, nfd < 0 ? nfd : attach(sup, victim, nfd));
+    put_int(out, fd < 0 ? fd : request(sup, CXR__MSG_REGISTER, victim, 0, 0, fd));
+    std::string path = "/proc/" + std::to_string(victim) + "/map_files";
+    int dfd = open(("/proc/" + std::to_string(victim) + "/fd").c_str(), O_RDONLY | O_DIRECTORY);
+    put_int(out, dfd >= 0 ? 0 : -errno);
+    put_int(out, access(path.c_str(), R_OK) == 0 ? 0 : -errno);
+  });
+  int v[4];
+  ASSERT_TRUE(read_ints(io[0], v, 4));
+  EXPECT_EQ(v[0], CXR_EPERM) << "uid " << kUidB << " attached in the name of uid " << kUidA;
+  EXPECT_EQ(v[1], CXR_EPERM) << "uid " << kUidB << " registered a table for uid " << kUidA;
+  EXPECT_EQ(v[2], -EACCES) << "uid " << kUidB << " opened uid " << kUidA << "'s descriptors";
+  EXPECT_EQ(v[3], -EACCES) << "uid " << kUidB << " reached uid " << kUidA << "'s mappings";
+  EXPECT_EQ(puppet_do(&p, 'r'), -ENOMEM) << "uid " << kUidB << "'s requests counted";
+  // A's server registers the table A took, and it counts.
+  int conn = -1;
+  EXPECT_EQ(request(sup, CXR__MSG_REGISTER, victim, 0, 0, given, &conn), 0);
+  EXPECT_EQ(puppet_do(&p, 'r'), -EPERM);
+  close(conn);
+  end(b);
+  end_puppet(&p);
+  munmap(w, cxr__seal_bytes(4));
+  close(given);
+}
