@@ -16,7 +16,7 @@ using namespace sbx;
 
 namespace {
 
-const uid_t kUidA = 65534, kUidB = 61017;
+const uid_t kUidA = 65534, kUidB = 61017, kUidC = 61018;
 
 // As the pod root is: every user reaches the socket's directory.
 bool open_dir(const Supervisor &sup) {
@@ -291,4 +291,49 @@ TEST_F(CxrpcdUsers, AnotherUserCannotAttachOrRegisterForAProcess) {
   end_puppet(&p);
   munmap(w, cxr__seal_bytes(4));
   close(given);
+}
+
+TEST_F(CxrpcdUsers, ARegistrationEndsWithTheProcessItNames) {
+  // A registration named a pid and lasted while its registrant's connection did: once the
+  // process exited, the next process given its pid (of any user) was decided with the old
+  // process's server's tables (here one that holds the whole window: every raise refused)
+  // and its pid's places were taken. Here uid B registers for uid A's process, which
+  // exits, and uid C's process is given its pid at once (ns_last_pid).
+  ASSERT_TRUE(serve());
+  cxr__seal_hdr *w = nullptr;
+  int given = window_holding_table(&w);
+  ASSERT_GE(given, 0);
+  Puppet p;
+  ASSERT_TRUE(spawn_puppet(sup, kUidA, given, &p));
+  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  pid_t old = p.pid;
+  pid_t b = as_user(kUidB, io[1], [&](int out) {  // keeps its connection open
+    int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+    put_int(out, c < 0 ? c : register_on(c, old, given));
+  });
+  int rc = -1;
+  ASSERT_TRUE(read_ints(io[0], &rc, 1));
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(puppet_do(&p, 'r'), -EPERM);
+  end_puppet(&p);
+  std::string dir = "/proc/" + std::to_string(old);
+  for (int i = 0; i < 200 && access(dir.c_str(), F_OK) == 0; i++) usleep(10000);
+  Puppet q;
+  for (int attempt = 0; attempt < 10 && q.pid != old; attempt++) {  // the pid may free late
+    if (q.pid > 0) end_puppet(&q);
+    usleep(attempt * 50000);
+    if (!give_next_pid(old)) break;
+    ASSERT_TRUE(spawn_puppet(sup, kUidC, -1, &q));
+  }
+  bool reused = q.pid == old;
+  if (reused) {
+    EXPECT_EQ(puppet_do(&q, 'r'), -ENOMEM) << "uid " << kUidC << "'s process was decided with "
+                                           << "the table uid " << kUidB << " registered for "
+                                           << "uid " << kUidA << "'s";
+  }
+  if (q.pid > 0) end_puppet(&q);
+  end(b);
+  munmap(w, cxr__seal_bytes(4));
+  close(given);
+  if (!reused) GTEST_SKIP() << "cannot give the next process pid " << old;
 }

@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    /* Full tables need about 3100 descriptors; the soft limit is often 1024 (serve cuts
+    /* Full tables need about 4200 descriptors; the soft limit is often 1024 (serve cuts
      * its tables to what the limit leaves, so a low hard limit makes it serve fewer). */
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {

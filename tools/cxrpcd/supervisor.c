@@ -32,10 +32,12 @@
 #include "tools/cxrpcd/supervisor.h"
 
 /* Room for several users, and a bound per user (uid) so that one cannot take it all: a
- * uid gets at most a quarter of the clients and of the supervised processes. */
+ * uid gets at most a quarter of the clients, of the supervised processes and of the
+ * registrations. */
 #define MAX_CLIENTS 1024
 #define MAX_PROCS 1024
-/* Descriptors kept besides those of clients (one each) and processes (two each): the
+/* Descriptors kept besides those of clients (one each), processes (two each) and
+ * registrations (one each: a pidfd of the process they name): the
  * thread cache's pidfds, standard streams, the listening socket and those a request opens
  * for a moment (a received fd, /proc files, pidfds). The tables are cut to what
  * RLIMIT_NOFILE leaves (main raises it to the hard limit): at 1024, the full tables needed
@@ -44,8 +46,7 @@
  * refused with CXR_EPERM). */
 #define FD_RESERVE 96
 #define MAX_REGS 1024
-#define PER_UID 256
-/* Registrations: a registrant uid (SO_PEERCRED) holds at most PER_UID of them, as for
+/* Registrations: a registrant uid (SO_PEERCRED) holds at most a quarter of them, as for
  * clients; a supervised pid is named by at most REGS_PER_PID, whose tables together are at
  * most two of the largest (2^21 records): each of its decisions walks them all, at about a
  * nanosecond a record, so a decision stays within a few ms. One process used to fill the
@@ -76,6 +77,7 @@ typedef struct reg {
   int owner; /* the receiver's connection: the registration ends with it */
   uid_t uid; /* the registrant's */
   uint64_t dev, ino; /* the table file */
+  int pidfd; /* the process it names: the registration ends with it (see drop_gone_regs) */
 } reg;
 
 typedef struct client {
@@ -96,7 +98,8 @@ typedef struct sup {
   struct { int64_t tid, tgid; int pidfd; } tcache[64]; /* used if tid > 0 */
   unsigned tnext;
   uint64_t allowed, refused;
-  int max_clients, max_procs, clients_per_uid, procs_per_uid; /* what the fd limit allows */
+  int max_clients, max_procs, max_regs; /* what the fd limit allows */
+  int clients_per_uid, procs_per_uid, regs_per_uid;
   int64_t accept_after; /* no accepting before (after EMFILE or ENFILE) */
 } sup;
 
@@ -187,15 +190,27 @@ static bool is_listener(int fd) {
   return ioctl(fd, SECCOMP_IOCTL_NOTIF_ID_VALID, &bogus) != 0 && errno == ENOENT;
 }
 
+static void drop_reg(sup *s, int r) {
+  munmap(s->regs[r].mem, s->regs[r].bytes);
+  close(s->regs[r].pidfd);
+  s->regs[r] = s->regs[--s->nregs];
+}
+
+/* Registrations whose process has ended (pid >= 0: only those naming pid). A registration
+ * names a pid, and used to last while its registrant's connection did: once the process
+ * exited, the next one given its pid (any user's) was decided with the old one's tables
+ * (its raises and unmaps refused wherever they said) and found its pid's places taken. */
+static void drop_gone_regs(sup *s, int64_t pid) {
+  for (int r = 0; r < s->nregs;)
+    if ((pid < 0 || s->regs[r].pid == pid) && gone(s->regs[r].pidfd)) drop_reg(s, r);
+    else r++;
+}
+
 static void drop_client(sup *s, int i) {
   int fd = s->clients[i].fd;
   for (int r = 0; r < s->nregs;)
-    if (s->regs[r].owner == fd) {
-      munmap(s->regs[r].mem, s->regs[r].bytes);
-      s->regs[r] = s->regs[--s->nregs];
-    } else {
-      r++;
-    }
+    if (s->regs[r].owner == fd) drop_reg(s, r);
+    else r++;
   close(fd);
   s->clients[i] = s->clients[--s->nclients];
 }
@@ -272,13 +287,14 @@ static bool maps_file(int64_t pid, dev_t dev, ino_t ino) {
   return found;
 }
 
-static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
+/* Registers table fd for m->pid, the process pidfd names (taken before any check, and
+ * alive after them: every check was then of that process, not of one given its pid). */
+static int add_reg(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd, int pidfd) {
   struct ucred cr;
   socklen_t len = sizeof cr;
-  if (fd < 0) return CXR_EPROTO;
   if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) return CXR_EPERM;
   if (!supervised(s, m->pid)) return CXR_EPERM;
-  if (s->nregs == MAX_REGS) return CXR_EFULL;
+  if (s->nregs == s->max_regs) return CXR_EFULL;
   /* Sealed first: the registrant could otherwise shrink the file under our mapping, and
    * our next decision would die of SIGBUS walking it (and every supervised raise after it
    * fail with ENOSYS). Sealed, the size read below is the file's for good. */
@@ -296,13 +312,13 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
     by_pid++;
     pid_bytes += g->bytes;
   }
-  if (by_uid >= PER_UID || by_pid >= REGS_PER_PID || pid_bytes > PID_TABLE_BYTES)
+  if (by_uid >= s->regs_per_uid || by_pid >= REGS_PER_PID || pid_bytes > PID_TABLE_BYTES)
     return CXR_EFULL;
   /* The sender took this table: it maps it (rpc's client maps its server's table before
    * its first sealed call, which is when the server registers). Anyone who could reach the
    * socket used to register a table of its own for any supervised pid, and cxrpcd then
    * refused that process's raises and unmaps wherever the table's records said. */
-  if (!maps_file(m->pid, st.st_dev, st.st_ino)) return CXR_EPERM;
+  if (!maps_file(m->pid, st.st_dev, st.st_ino) || gone(pidfd)) return CXR_EPERM;
   void *mem = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) return cxr__from_errno(errno);
   /* Each decision checks the header again (cxr__seal_overlaps_active), reading it once. */
@@ -315,9 +331,19 @@ static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
   if (m->size && cxr__vma_backing_of((int)m->pid, m->base, &dev, &ino, &off) != 0) dev = ino = 0;
   s->regs[s->nregs++] = (reg){m->pid, mem, (size_t)st.st_size,
                               {(const void *)(uintptr_t)m->base, (size_t)m->size}, dev, ino, cfd,
-                              cr.uid, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
+                              cr.uid, (uint64_t)st.st_dev, (uint64_t)st.st_ino, pidfd};
   CXR_INFO("cxrpcd: seal table registered for pid %lld", (long long)m->pid);
   return 0;
+}
+
+static int on_register(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
+  if (fd < 0) return CXR_EPROTO;
+  drop_gone_regs(s, -1); /* their places are free */
+  int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)m->pid, 0);
+  if (pidfd < 0) return CXR_EPERM;
+  int rc = add_reg(s, cfd, m, fd, pidfd);
+  if (rc) close(pidfd);
+  return rc;
 }
 
 static void on_client(sup *s, int i) {
@@ -459,6 +485,7 @@ static void on_notify(sup *s, int pi, struct seccomp_notif *req,
     return;
   }
   int64_t tgid = tgid_of(s, req->pid);
+  drop_gone_regs(s, tgid); /* a process that had its pid before */
   const void *tables[MAX_REGS];
   size_t bytes[MAX_REGS];
   cxr_range heaps[MAX_REGS];
@@ -533,23 +560,28 @@ static int bind_for_all(int fd, const struct sockaddr_un *a) {
   return rc;
 }
 
-/* Cuts the tables to the descriptors RLIMIT_NOFILE leaves (see FD_RESERVE); a uid's share
- * stays a quarter of each. */
+static int share(int n) { return n / 4 > 1 ? n / 4 : 1; }
+
+/* Cuts the tables to the descriptors RLIMIT_NOFILE leaves (see FD_RESERVE): a quarter
+ * each for clients and registrations, half for processes (two each); a uid's share stays
+ * a quarter of each. */
 static void size_tables(sup *s) {
   struct rlimit rl;
-  long room = MAX_CLIENTS + 2l * MAX_PROCS;
+  long room = MAX_CLIENTS + 2l * MAX_PROCS + MAX_REGS;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
     room = (long)rl.rlim_cur - FD_RESERVE;
-  long third = room / 3;
-  if (third < 4) third = 4; /* a few, even at a limit this low */
-  s->max_clients = third < MAX_CLIENTS ? (int)third : MAX_CLIENTS;
-  s->max_procs = third < MAX_PROCS ? (int)third : MAX_PROCS;
-  s->clients_per_uid = s->max_clients / 4 > 1 ? s->max_clients / 4 : 1;
-  s->procs_per_uid = s->max_procs / 4 > 1 ? s->max_procs / 4 : 1;
+  long q = room / 4;
+  if (q < 4) q = 4; /* a few, even at a limit this low */
+  s->max_clients = q < MAX_CLIENTS ? (int)q : MAX_CLIENTS;
+  s->max_procs = q < MAX_PROCS ? (int)q : MAX_PROCS;
+  s->max_regs = q < MAX_REGS ? (int)q : MAX_REGS;
+  s->clients_per_uid = share(s->max_clients);
+  s->procs_per_uid = share(s->max_procs);
+  s->regs_per_uid = share(s->max_regs);
   if (s->max_clients < MAX_CLIENTS || s->max_procs < MAX_PROCS)
-    CXR_WARN("cxrpcd: RLIMIT_NOFILE %llu allows %d clients and %d processes (of %d and %d)",
-             (unsigned long long)rl.rlim_cur, s->max_clients, s->max_procs, MAX_CLIENTS,
-             MAX_PROCS);
+    CXR_WARN("cxrpcd: RLIMIT_NOFILE %llu allows %d clients, %d processes and %d registrations"
+             " (of %d, %d and %d)", (unsigned long long)rl.rlim_cur, s->max_clients,
+             s->max_procs, s->max_regs, MAX_CLIENTS, MAX_PROCS, MAX_REGS);
 }
 
 int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
