@@ -225,7 +225,8 @@ int cxr__rg_bytess(cxr_ranges *r, const cxr_vec_bytes *a);
 cxr_range cxr__call_arg_extent(cxr_call *call, const void *args);
 /* Skeletons, on every channel: 0 if the request struct of `size` bytes at args lies whole
  * in what the server checked or copied (cxr_call_arg_len bytes at args) or in
- * cxr_call_arg_range, else CXR_EBADPTR. A trusted client is not validated, but one whose
+ * cxr_call_arg_range; CXR_EPROTO for an inline copy shorter than the struct (a truncated
+ * message), else CXR_EBADPTR. A trusted client is not validated, but one whose
  * request pointer ends past its heap would fault the server for every client. */
 int cxr__skel_arg_check(cxr_call *call, const void *args, size_t size);
 /* l if none of its limits is zero, else tmp: l's non-zero limits, the defaults for the rest

@@ -56,5 +56,9 @@ int cxr__skel_arg_check(cxr_call *call, const void *args, size_t size) {
   if (cxr_call_arg_len(call) >= size) return 0;
   cxr_range r = cxr_call_arg_range(call);
   uintptr_t a = (uintptr_t)args, lo = (uintptr_t)r.p;
-  return r.p && a >= lo && a - lo < r.len && size <= r.len - (a - lo) ? 0 : CXR_EBADPTR;
+  /* The transports take an argument by pointer only inside that range: one outside it is
+   * an inline copy (CXR_CALL_INLINE), and one shorter than its struct is a truncated
+   * message, not a bad pointer. */
+  if (!(r.p && a >= lo && a - lo < r.len)) return CXR_EPROTO;
+  return size <= r.len - (a - lo) ? 0 : CXR_EBADPTR;
 }

@@ -217,6 +217,36 @@ TEST_P(Svc, ArgumentsMustStayInsideTheStatedExtent) {
   cxrtest_open_Tree_free(h, t);
 }
 
+// The raw call a stub would make, with the first len bytes of m copied inline.
+int call_inline(cxr_conn *c, uint32_t method, const void *m, size_t len, void **res) {
+  cxr_call_opts o;
+  cxr_call_opts_init(&o);
+  o.flags = CXR_CALL_INLINE;
+  o.arg_len = len;
+  return cxr_conn_call(c, method, m, res, &o);
+}
+
+TEST_P(Svc, ATruncatedInlineRequestIsMalformedOnAnyChannel) {
+  // A request copied inline in fewer bytes than its message is a malformed message
+  // (CXR_EPROTO), and its handler never runs: it would read bytes that never came (past the
+  // server's 64-byte copy for a larger message, as Everything is). Before, both channels
+  // answered CXR_EBADPTR, as for a pointer outside the heap. (A whole inline copy: the test
+  // below.)
+  cxrtest_Ack ack = {};
+  ack.has_code = true;
+  ack.code = 41;
+  void *res = nullptr;
+  for (size_t len : {(size_t)0, (size_t)8, sizeof ack - 1}) {
+    EXPECT_EQ(call_inline(c, cxrtest_Admin_Ping_ID, &ack, len, &res), CXR_EPROTO) << len;
+    EXPECT_EQ(res, nullptr);
+  }
+  EXPECT_EQ(st.pings, 0);
+  static_assert(sizeof(cxrtest_Everything) > 64, "Everything fits an inline copy now");
+  cxrtest_Everything ev = {};
+  EXPECT_EQ(call_inline(c, cxrtest_Store_Put_ID, &ev, 64, &res), CXR_EPROTO);
+  EXPECT_EQ(st.puts, 0);
+}
+
 TEST_P(Svc, ARequestStructOutsideWhatTheServerCheckedIsRefusedOnEveryChannel) {
   // The server checks only the bytes the client says the argument has; the skeleton checks
   // that the request struct lies whole in them or in the heap, trusted channel or not. A
@@ -231,12 +261,13 @@ TEST_P(Svc, ARequestStructOutsideWhatTheServerCheckedIsRefusedOnEveryChannel) {
   o.arg_len = 0;  // no stated length: the struct itself against the heap
   EXPECT_EQ(cxr_conn_call(c, cxrtest_Admin_Ping_ID, end - 4, &res, &o), CXR_EBADPTR);
   EXPECT_EQ(res, nullptr);
-  // An inline argument shorter than the struct: the rest would be the worker's stack.
+  // An inline argument shorter than the struct: the rest would be the worker's stack (a
+  // truncated message: ATruncatedInlineRequestIsMalformedOnAnyChannel).
   cxrtest_Ack *p = cxrtest_Ack_new(h), *q = nullptr;
   p->has_code = true, p->code = 1;
   o.flags = CXR_CALL_INLINE;
   o.arg_len = 4;
-  EXPECT_EQ(cxrtest_Admin_Ping(c, p, &q, &o), CXR_EBADPTR);
+  EXPECT_EQ(cxrtest_Admin_Ping(c, p, &q, &o), CXR_EPROTO);
   EXPECT_EQ(st.pings, 0) << "a handler ran on a request outside what the server checked";
   // The whole struct inline: a trusted channel runs it; an untrusted one validates the graph
   // against the heap, where the inline copy is not.
