@@ -227,6 +227,8 @@ static inline uint32_t cxr__owner_gen(uint64_t o) { return (uint32_t)o & 0xfffff
 typedef struct cxr__srv_ctr {
   uint64_t calls, errors, bytes_in, bytes_out, malformed, expired;
   uint64_t cancelled;        /* requests the client cancelled before they ran: not run */
+  uint64_t dropped;          /* replies dropped: a remote client that does not read them
+                                (rpc/remote_server.c, REPLIES_OUT_MAX) */
 } __attribute__((aligned(64))) cxr__srv_ctr;
 
 /* Counters written by the client side of a connection. */

@@ -17,16 +17,25 @@ typedef struct rres {
   uint64_t *blocks;
 } rres;
 
+/* Replies posted and not yet sent (UCX holds them until the client takes them), and the
+ * bytes of replica copies they own (reply_own): counted so that they can be bounded
+ * (reply_admit), and given back by each reply's completion. */
+typedef struct rout {
+  unsigned replies;  /* atomic */
+  size_t copied;     /* atomic */
+} rout;
+
 /* A connection's result heap, shared with the replies UCX may still be sending from it: a
- * reply whose wait gave up at its deadline (a client that does not take it) stays UCX's
- * until it is sent or its endpoint ends, and the connection may be gone by then. The heap
- * goes back to the spares, or is closed, only when the connection and every such reply have
- * let go: given to the next connection earlier, that one's results would go out in this
- * one's late reply; closed earlier, UCX would read unmapped memory. */
+ * reply is posted, not waited for (reply_call), and stays UCX's until it is sent or its
+ * endpoint ends (a client that does not read), and the connection may be gone by then. The
+ * heap goes back to the spares, or is closed, only when the connection and every such reply
+ * have let go: given to the next connection earlier, that one's results would go out in
+ * this one's late reply; closed earlier, UCX would read unmapped memory. */
 typedef struct rheap {
-  int refs;    /* atomic: the connection, and each reply with ranges that UCX holds */
+  int refs;    /* atomic: the connection, and each reply that UCX holds */
   cxr_heap *hs;
   spares *to;  /* where it goes at the end (set before the connection lets go); NULL: closed */
+  rout out;    /* the connection's replies not yet sent (they may outlive it, as the heap) */
 } rheap;
 
 static void rheap_put(rheap *h) {
@@ -69,11 +78,29 @@ typedef struct rjob {
 
 /* Bounds on the calls waiting for a worker: the engine stops counting a message once it is
  * handed over, so a client that floods calls (to a bogus connection too) and then stops
- * reading its replies (each worker's reply then waits its send deadline) grew this queue
- * until the server ran out of memory (a review, 2026-11-28). Calls past them are answered
- * CXR_EFULL at once. */
+ * reading its replies (each worker's reply then waited its send deadline; they are posted
+ * now, see REPLIES_OUT_MAX) grew this queue until the server ran out of memory (a review,
+ * 2026-11-28). Calls past them are answered CXR_EFULL at once. */
 #define QUEUE_CALLS_MAX 65536
 #define QUEUE_BYTES_MAX ((size_t)1 << 30)
+
+/* Bounds on the replies not yet sent. Replies are posted, not waited for: waiting (up to the
+ * 2 s send deadline) for a client with a valid token that calls and never reads held up the
+ * progress thread that far per call (one worker: every other client of the channel, its
+ * connects too), or each worker (remote_hostile_test
+ * AClientThatNeverReadsItsRepliesHoldsUpNoOtherClient). Unsent replies cost memory instead:
+ * per connection at most as many as the client may have calls in flight (a client that
+ * reads takes each within microseconds, so a reading client never has more), and replica
+ * copies of at most the replica's size (any one reply goes when none is unsent); answers to
+ * calls of no connection (a wrong id or token, a full queue) at most STRAY_OUT_MAX for the
+ * channel, as the engine bounds its hello answers. Past a bound a reply is dropped and
+ * counted (the connection's `dropped`, and a warning): its call ends at the client's own
+ * deadline, its result blocks are freed at once, and a client that only paused gets its
+ * later replies again. The connection is not ended instead: ending it would not free what
+ * UCX already holds (that goes with the client's endpoint, shared by its other
+ * connections), and a paused client would lose its results. */
+#define REPLIES_OUT_MAX R_CALLS_IN_FLIGHT
+#define STRAY_OUT_MAX 1024u
 
 struct cxr__rlisten {
   cxr_channel *ch;
@@ -95,6 +122,8 @@ struct cxr__rlisten {
   bool qstop;
   pthread_t *workers;
   unsigned nworkers;
+  rout stray;  /* answers to calls of no connection not yet sent (STRAY_OUT_MAX) */
+  uint64_t stray_dropped;  /* atomic: such answers dropped past it */
 };
 
 struct cxr__rcall {
@@ -333,45 +362,57 @@ static void on_close(cxr_rdma_msg *m, void *user) {
 }
 
 /* What a reply hands UCX with its data: the range table, then copies of the bytes it ships
- * from the client's replica (which goes with the connection, maybe before UCX is done), and
- * a hold on the result heap the other ranges lie in (see rheap). */
+ * from the client's replica (which goes with the connection, maybe before UCX is done), a
+ * hold on the result heap the other ranges lie in (see rheap), and its place in the count
+ * of replies not yet sent. The header and the iov array are the engine's copies. */
 typedef struct reply_own {
-  rheap *held;
+  rheap *held;   /* NULL: a reply to no connection */
+  rout *out;     /* where it is counted */
+  size_t copied; /* bytes of replica copies it owns, counted in out */
   r_range tab[];
 } reply_own;
 
 static void reply_own_free(void *p) { /* inside a UCX callback: no UCX calls */
   reply_own *o = p;
   if (o == NULL) return;
-  if (o->held) rheap_put(o->held);
+  __atomic_sub_fetch(&o->out->copied, o->copied, __ATOMIC_RELAXED);
+  __atomic_sub_fetch(&o->out->replies, 1, __ATOMIC_RELEASE);
+  if (o->held) rheap_put(o->held); /* last: out may lie in it */
   free(o);
 }
 
-/* c: the connection the result ranges belong to (NULL when there are none). */
-static void reply_call(rsconn *c, cxr_rdma_msg *m, const r_call *h, uint64_t token, int st,
-                       void *result, const cxr_range *rg, size_t nr) {
-  r_call_rep rep = {.magic = R_MAGIC, .status = st, .token = token, .call_id = h->call_id,
-                    .result = (uint64_t)(uintptr_t)result};
-  if (c == NULL) nr = 0;
-  rep.nranges = (uint32_t)nr;
+/* Counts a reply in `out` if it fits the bounds (see REPLIES_OUT_MAX): false if not. */
+static bool reply_admit(rout *out, unsigned max, size_t copied, size_t copied_max) {
+  unsigned n = __atomic_fetch_add(&out->replies, 1, __ATOMIC_ACQUIRE);
+  size_t b = __atomic_fetch_add(&out->copied, copied, __ATOMIC_RELAXED);
+  if (n == 0 || (n < max && b <= copied_max && copied <= copied_max - b)) return true;
+  __atomic_sub_fetch(&out->copied, copied, __ATOMIC_RELAXED);
+  __atomic_sub_fetch(&out->replies, 1, __ATOMIC_RELEASE);
+  return false;
+}
+
+static void count_dropped(struct cxr__rlisten *l, rsconn *c, const r_call *h, const char *why) {
+  uint64_t n = c ? CXR__ADD(&c->slot.srv.dropped, 1) + 1 : CXR__ADD(&l->stray_dropped, 1) + 1;
+  if (cxr__log_due(n))
+    CXR_WARN("remote %s: reply to call %llx on connection %llu dropped: %s; %llu so far",
+             l->ch->name, (unsigned long long)h->call_id,
+             (unsigned long long)(c ? c->id : 0), why, (unsigned long long)n);
+}
+
+/* Bytes of the result ranges that lie in the client's replica (they ship as copies). */
+static size_t replica_bytes(const rsconn *c, const cxr_range *rg, size_t nr) {
   size_t copied = 0;
   for (size_t i = 0; i < nr; i++)
     if (cxr__rem_inside((uintptr_t)rg[i].p, rg[i].len, c->hc_addr, c->hc_size)) copied += rg[i].len;
-  struct iovec stack_iov[9];
-  struct iovec *iov = nr + 1 <= 9 ? stack_iov : malloc((nr + 1) * sizeof *iov);
-  reply_own *own = nr && copied <= SIZE_MAX - sizeof *own - nr * sizeof(r_range)
-                       ? malloc(sizeof *own + nr * sizeof(r_range) + copied)
-                       : NULL;
-  if (nr && (iov == NULL || own == NULL)) {
-    rep.status = CXR_ENOMEM, rep.result = 0, rep.nranges = 0, nr = 0;
-  }
+  return copied;
+}
+
+/* Fills own's range table and copies, and the iov (nr + 1 entries at most): how many. */
+static size_t reply_iov(rsconn *c, reply_own *own, const cxr_range *rg, size_t nr,
+                        struct iovec *iov) {
   size_t n = 0;
-  if (nr) {
-    own->held = c->held;
-    __atomic_add_fetch(&c->held->refs, 1, __ATOMIC_RELAXED); /* the connection holds one */
-    iov[n++] = (struct iovec){own->tab, nr * sizeof(r_range)};
-  }
-  char *copy = nr ? (char *)&own->tab[nr] : NULL;
+  if (nr) iov[n++] = (struct iovec){own->tab, nr * sizeof(r_range)};
+  char *copy = (char *)&own->tab[nr];
   for (size_t i = 0; i < nr; i++) {
     own->tab[i] = (r_range){(uint64_t)(uintptr_t)rg[i].p, rg[i].len};
     if (rg[i].len == 0) continue;
@@ -383,14 +424,54 @@ static void reply_call(rsconn *c, cxr_rdma_msg *m, const r_call *h, uint64_t tok
     }
     iov[n++] = (struct iovec){(void *)from, rg[i].len};
   }
-  /* own goes with the reply, freed (and the heap let go) once UCX is done with it, also
-   * after a reply given up at its deadline; the engine copies the iov array. */
-  int rc = cxr__rdma_reply(m, R_CALL_REP, &rep, sizeof rep, n ? iov : NULL, n, nr ? own : NULL,
-                           reply_own_free, 0);
+  return n;
+}
+
+/* A reply's own block for nr ranges and `copied` bytes of copies (NULL: no memory). */
+static reply_own *reply_own_alloc(size_t nr, size_t copied) {
+  if (copied > SIZE_MAX - sizeof(reply_own) - nr * sizeof(r_range)) return NULL;
+  return malloc(sizeof(reply_own) + nr * sizeof(r_range) + copied);
+}
+
+/* c: the connection the result ranges belong to (NULL: a call of no connection, which has
+ * none). Posted, not waited for, within the bounds of REPLIES_OUT_MAX. False when the
+ * result does not go (the reply dropped past the bounds, failed before it reached UCX, or
+ * sent as CXR_ENOMEM): the client never learns of it, so it is the caller's to free. */
+static bool reply_call(struct cxr__rlisten *l, rsconn *c, cxr_rdma_msg *m, const r_call *h,
+                       uint64_t token, int st, void *result, const cxr_range *rg, size_t nr) {
+  r_call_rep rep = {.magic = R_MAGIC, .status = st, .token = token, .call_id = h->call_id,
+                    .result = (uint64_t)(uintptr_t)result};
+  if (c == NULL) nr = 0;
+  size_t copied = nr ? replica_bytes(c, rg, nr) : 0;
+  struct iovec stack_iov[9];
+  struct iovec *iov = nr + 1 <= 9 ? stack_iov : malloc((nr + 1) * sizeof *iov);
+  reply_own *own = iov ? reply_own_alloc(nr, copied) : NULL;
+  if (nr && own == NULL) { /* no memory for the result: the error alone */
+    rep.status = CXR_ENOMEM, rep.result = 0, nr = 0, copied = 0;
+    own = reply_own_alloc(0, 0);
+  }
+  rep.nranges = (uint32_t)nr;
+  rout *out = c ? &c->held->out : &l->stray;
+  bool fits = own && reply_admit(out, c ? REPLIES_OUT_MAX : STRAY_OUT_MAX, copied,
+                                 c ? c->hc_size : 0);
+  if (!fits) {
+    count_dropped(l, c, h, own ? "too many replies not yet sent (a client that does not "
+                                 "read)" : "out of memory");
+    free(own);
+    if (iov != stack_iov) free(iov);
+    return false;
+  }
+  *own = (reply_own){.held = c ? c->held : NULL, .out = out, .copied = copied};
+  if (c) __atomic_add_fetch(&c->held->refs, 1, __ATOMIC_RELAXED); /* the connection holds one */
+  size_t n = reply_iov(c, own, rg, nr, iov);
+  /* own goes with the reply, freed (its count given back, the heap let go) once UCX is done
+   * with it; the engine copies the header and the iov array. */
+  int rc = cxr__rdma_reply_post(m, R_CALL_REP, &rep, sizeof rep, n ? iov : NULL, n, own,
+                                reply_own_free);
   if (rc) CXR_DEBUG("remote: reply to call %llx failed: %s", (unsigned long long)h->call_id,
                     cxr_strerror(rc));
-  if (nr == 0) free(own);
   if (iov != stack_iov) free(iov);
+  return rc == 0 && rep.result == (uint64_t)(uintptr_t)result;
 }
 
 /* Checks a call's data against the replica and gives back the results it releases; the
@@ -522,7 +603,10 @@ static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m, int64_t arrived
     rs_put(l, c);
     c = NULL;
   }
-  if (c == NULL) return reply_call(NULL, m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
+  if (c == NULL) {
+    reply_call(l, NULL, m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
+    return;
+  }
   run_call(l, m, &h, c, arrived);
   rs_put(l, c);
 }
@@ -576,7 +660,7 @@ static void on_call(cxr_rdma_msg *m, void *user) {
   pthread_mutex_unlock(&l->qlock);
   if (refuse) {
     free(j);
-    if (hl == sizeof *hp) reply_call(NULL, m, hp, 0, refuse, NULL, NULL, 0);
+    if (hl == sizeof *hp) reply_call(l, NULL, m, hp, 0, refuse, NULL, NULL, 0);
   }
 }
 
@@ -593,7 +677,8 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
   int st = check_args(c, &h, d, dl, &inl);
   if (st) {
     CXR__ADD(&ctr->malformed, 1);
-    return reply_call(c, m, &h, c->token, st, NULL, NULL, 0);
+    reply_call(l, c, m, &h, c->token, st, NULL, NULL, 0);
+    return;
   }
   unsigned char inl_buf[CXR__INLINE_MAX] __attribute__((aligned(16)));
   struct cxr__rcall rcall = {.rc = c};
@@ -604,8 +689,10 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
     call.args = inl_buf;
     call.arg_len = h.inline_len;
   } else if (h.args != 0) {
-    if (!cxr__rem_inside(h.args, h.arg_len ? h.arg_len : 1, c->hc_addr, c->hc_size))
-      return reply_call(c, m, &h, c->token, CXR_EBADPTR, NULL, NULL, 0);
+    if (!cxr__rem_inside(h.args, h.arg_len ? h.arg_len : 1, c->hc_addr, c->hc_size)) {
+      reply_call(l, c, m, &h, c->token, CXR_EBADPTR, NULL, NULL, 0);
+      return;
+    }
     call.args = (const void *)(uintptr_t)h.args;
     call.arg_len = h.arg_len;
   }
@@ -666,7 +753,9 @@ static void run_call(struct cxr__rlisten *l, cxr_rdma_msg *m, const r_call *hp, 
   size_t out = 0;
   for (size_t i = 0; i < nr; i++) out += rg[i].len;
   CXR__ADD(&ctr->bytes_out, out);
-  reply_call(c, m, &h, c->token, st, result, rg, nr);
+  /* A result whose reply does not go is never released by the client: freed now. */
+  if (!reply_call(l, c, m, &h, c->token, st, result, rg, nr) && result != NULL)
+    release_root(c, (uint64_t)(uintptr_t)result);
   free(rcall.ranges);
 }
 

@@ -122,14 +122,16 @@ struct Proc {
 // "127.0.0.1:PORT". Loopback is shared by the suites running in parallel (the same pid in
 // every sandbox: salt tells suites apart), and used ports linger in TIME_WAIT: the port
 // varies with time and is retried. False if no server came up.
+// env: more entries for the server ("REMOTE_PEER_WORKERS=1", say).
 inline bool start_kv_server(Proc &server, std::string *host, const std::string &root,
-                            int salt) {
+                            int salt, const std::vector<std::string> &env = {}) {
   for (int tries = 0; tries < 20; tries++) {
     int port = 20000 + (int)((getpid() * 7 + time(nullptr) * 31 + tries * 101 + salt) % 30000);
     *host = "127.0.0.1:" + std::to_string(port);
     Proc p;
-    if (!p.start({"tests/netns/remote_peer", "server", "kv", "ucx://" + *host},
-                 {"CXRPC_ROOT=" + root, "CXRPC_POD=1"}))
+    std::vector<std::string> e = {"CXRPC_ROOT=" + root, "CXRPC_POD=1"};
+    e.insert(e.end(), env.begin(), env.end());
+    if (!p.start({"tests/netns/remote_peer", "server", "kv", "ucx://" + *host}, e))
       return false;
     if (p.line(15000) == "READY") {
       std::swap(server.pid, p.pid);

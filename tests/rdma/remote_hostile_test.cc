@@ -24,6 +24,8 @@ struct Replies {
   std::atomic<uint64_t> conn_id{0}, rs_addr{0};
   // The bytes the last reply shipped (after its range table), by value: 0xAA, 0xBB, other.
   std::atomic<long> aa{0}, bb{0}, other{0};
+  std::atomic<int> calls_ok{0};    // replies with status 0
+  std::atomic<long> aa_total{0};   // 0xAA bytes of every reply
 };
 
 void on_open_rep(cxr_rdma_msg *m, void *user) {
@@ -48,6 +50,8 @@ void on_call_rep(cxr_rdma_msg *m, void *user) {
   for (size_t i = (size_t)h->nranges * sizeof(r_range); d != nullptr && i < dl; i++)
     d[i] == 0xAA ? aa++ : d[i] == 0xBB ? bb++ : other++;
   r->aa = aa, r->bb = bb, r->other = other;
+  r->aa_total += aa;
+  if (h->status == 0) r->calls_ok++;
   r->call_status = h->status;
   r->calls++;
 }
@@ -67,6 +71,28 @@ uintptr_t slice_of(unsigned k) {
 }
 // Pod 5's slice (the server is pod 1): free on the server's side.
 uintptr_t pod5_slice() { return slice_of(5); }
+
+// Holds up the engine's progress thread (run there by cxr_rdma_defer) until released: this
+// side then takes no message in, as a client that stopped reading.
+struct Stall {
+  std::atomic<int> state{0};  // 1 holding, 2 released
+};
+void stall(void *user) {
+  Stall *s = (Stall *)user;
+  s->state = 1;
+  for (int i = 0; i < 20000 && s->state.load() != 2; i++) usleep(1000);
+}
+// Releases the stall when it goes out of scope (also when an assertion ends a test early).
+struct Release {
+  Stall &s;
+  ~Release() { s.state = 2; }
+};
+// Runs stall() on r's progress thread and waits until it holds it.
+bool hold(cxr_rdma *r, Stall &st) {
+  if (cxr_rdma_defer(r, stall, &st) != 0) return false;
+  for (int i = 0; i < 5000 && st.state.load() != 1; i++) usleep(1000);
+  return st.state.load() == 1;
+}
 
 class Hostile : public ::testing::Test {
  protected:
@@ -88,6 +114,7 @@ class Hostile : public ::testing::Test {
     ASSERT_EQ(cxr_rdma_connect(r, host.c_str(), 0, &ep), 0);
   }
   void TearDown() override {
+    held.state = 2;  // (stalled_client's, also when an assertion ended the test early)
     if (ep) cxr_rdma_ep_close(ep);
     if (r) cxr_rdma_close(r);
   }
@@ -120,6 +147,41 @@ class Hostile : public ::testing::Test {
     if (!wait_count(rep.calls, n + 1)) return 2;
     return rep.call_status.load();
   }
+  // A server of one worker in place of the fixture's: handlers, and their replies, run on
+  // its engine's progress thread.
+  void one_worker_server() {
+    cxr_rdma_ep_close(ep);
+    ep = nullptr;
+    ASSERT_EQ(server.stop(), 0);
+    mkdir((root + "1").c_str(), 0700);
+    ASSERT_TRUE(cxrt::start_kv_server(server, &host, root + "1", 1, {"REMOTE_PEER_WORKERS=1"}));
+    ASSERT_EQ(cxr_rdma_connect(r, host.c_str(), 0, &ep), 0);
+  }
+  // Posts an inline call (never waits: a waiting send would progress our worker and take
+  // its replies in). Its arguments stay in the fixture, which outlives the endpoint.
+  void post_call(uint64_t conn, uint32_t method, int64_t a0, int64_t a1) {
+    ASSERT_LT(nposted, sizeof posted / sizeof posted[0]);
+    int64_t *args = posted[nposted++];
+    args[0] = a0, args[1] = a1;
+    r_call h = {};
+    h.magic = R_MAGIC;
+    h.conn_id = conn;
+    h.method = method;
+    h.call_id = next_call++ << 32 | 1;
+    h.token = 77;
+    h.deadline_rel = 30000000000;
+    h.flags = CXR_CALL_INLINE;
+    h.inline_len = h.arg_len = 2 * sizeof *args;
+    struct iovec iov = {args, 2 * sizeof *args};
+    ASSERT_EQ(cxr_rdma_am_post(ep, R_CALL, &h, sizeof h, &iov, 1), 0);
+  }
+  // A one-worker server, an honest client of it (connected, one call done), and our own
+  // connection *id, whose replies we stop reading (`held` holds our progress thread) after
+  // n calls whose results are `size` bytes of 0xAA, then a marker (a spin of 0 ms).
+  void stalled_client(cxrt::Proc &honest, uint64_t *id, int n, int64_t size);
+  Stall held;
+  int64_t posted[512][2];
+  size_t nposted = 0;
   static void put_range(std::vector<char> &d, uint64_t addr, uint64_t len) {
     r_range g = {addr, len};
     d.insert(d.end(), (char *)&g, (char *)&g + sizeof g);
@@ -240,34 +302,18 @@ TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(server.stop(), 0);
 }
 
-// Holds up the engine's progress thread (run there by cxr_rdma_defer) until released: this
-// side then takes no message in, as a client that stopped reading.
-struct Stall {
-  std::atomic<int> state{0};  // 1 holding, 2 released
-};
-void stall(void *user) {
-  Stall *s = (Stall *)user;
-  s->state = 1;
-  for (int i = 0; i < 20000 && s->state.load() != 2; i++) usleep(1000);
-}
-
 // A client asks for a 16 MiB result and stops reading before it comes, then closes: the
-// server gives up waiting for the reply after 2 s while UCX still holds it (and will send
-// it from the result heap once the client reads again), and the connection goes. Its result
-// heap must not serve a later connection before UCX is done with it: that connection's
-// results would go out in the late reply, to this client. (Before the heap was held, the
-// late reply here carried the later client's 0xBB bytes instead of its own 0xAA.)
+// server posts the reply, which UCX holds (and will send from the result heap once the
+// client reads again), and the connection goes. Its result heap must not serve a later
+// connection before UCX is done with it: that connection's results would go out in the late
+// reply, to this client. (Before the heap was held, the late reply here carried the later
+// client's 0xBB bytes instead of its own 0xAA.)
 TEST_F(Hostile, AReplyStillInFlightKeepsItsResultHeapFromOtherConnections) {
   ASSERT_EQ(open("kv", pod5_slice(), 1 << 20), 0);
   uint64_t id = rep.conn_id.load(), rs = rep.rs_addr.load();
   Stall st;
-  struct Release {
-    Stall &s;
-    ~Release() { s.state = 2; }  // also when an assertion ends the test early
-  } release{st};
-  ASSERT_EQ(cxr_rdma_defer(r, stall, &st), 0);
-  for (int i = 0; i < 5000 && st.state.load() != 1; i++) usleep(1000);
-  ASSERT_EQ(st.state.load(), 1);
+  Release release{st};
+  ASSERT_TRUE(hold(r, st));
   // Posted, not waited for (a waiting send would progress the worker itself and take the
   // reply in): the call, then the close behind it.
   int64_t fill[2] = {16 << 20, 0xAA};
@@ -288,7 +334,8 @@ TEST_F(Hostile, AReplyStillInFlightKeepsItsResultHeapFromOtherConnections) {
                     // sanitizer builds on a loaded machine)
   r_close cl = {R_MAGIC, 0, id, 77, 0};
   ASSERT_EQ(cxr_rdma_am_post(ep, R_CLOSE, &cl, sizeof cl, nullptr, 0), 0);
-  usleep(2200000);  // the server's reply wait (2 s) gives up, the close goes through
+  usleep(2200000);  // the close goes through (it waited behind the server's 2 s reply wait
+                    // until replies were posted)
 
   // Later clients, each keeping its connection (and so its result heap), fill theirs.
   mkdir((root + "c").c_str(), 0700);
@@ -329,6 +376,94 @@ TEST_F(Hostile, AReplyStillInFlightKeepsItsResultHeapFromOtherConnections) {
   }
   EXPECT_TRUE(back) << "the held result heap never came back to the spares";
   for (auto &c : later) EXPECT_EQ(c.stop(), 0);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+enum { M_NOOP = 2, M_SPIN = 5, M_FILL = 9 };  // the peer's methods
+
+// A client of the channel (a real process), connected.
+bool honest_client(cxrt::Proc &c, const std::string &host, const std::string &root) {
+  mkdir((root + "c").c_str(), 0700);
+  return c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
+                 {"CXRPC_ROOT=" + root + "c", "CXRPC_POD=2"}) &&
+         c.line(15000) == "READY" && c.ask("connect 5000", 15000) == "ok";
+}
+
+// Whether the server's spin handler has run (the marker a stalled client posts behind its
+// other calls: a one-worker server runs one client's calls in order), asked by `c` for at
+// most ~20 s.
+bool marker_ran(cxrt::Proc &c) {
+  for (int i = 0; i < 200; i++) {
+    long started = 0, stopped = 0;
+    std::string a = c.ask("spincounts", 15000);
+    if (sscanf(a.c_str(), "ok %ld %ld", &started, &stopped) == 2 && started >= 1) return true;
+    usleep(100000);
+  }
+  return false;
+}
+
+void Hostile::stalled_client(cxrt::Proc &honest, uint64_t *id, int n, int64_t size) {
+  ASSERT_NO_FATAL_FAILURE(one_worker_server());
+  ASSERT_TRUE(honest_client(honest, host, root));
+  ASSERT_EQ(honest.ask("noop 5000", 15000), "ok");
+  ASSERT_EQ(open("kv", pod5_slice(), 1 << 20), 0);
+  *id = rep.conn_id.load();
+  ASSERT_TRUE(hold(r, held));
+  for (int i = 0; i < n; i++) ASSERT_NO_FATAL_FAILURE(post_call(*id, M_FILL, size, 0xAA));
+  ASSERT_NO_FATAL_FAILURE(post_call(*id, M_SPIN, 0, 0));
+}
+
+// A client with a valid token that calls and never reads its replies (its progress thread
+// held up; 4 MiB results go by rendezvous, which waits for it to fetch them) holds up no
+// other client. On a server of one worker, handlers and their replies run on its engine's
+// progress thread, and each reply used to wait up to 2 s (its send deadline) for UCX to
+// send it: every other client of the channel, connects too, waited behind each such call
+// (here the honest client's calls, 1 s deadline each, all ended CXR_ETIMEDOUT). Replies are
+// posted now, not waited for.
+TEST_F(Hostile, AClientThatNeverReadsItsRepliesHoldsUpNoOtherClient) {
+  const int kCalls = 4;
+  cxrt::Proc honest;
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(stalled_client(honest, &id, kCalls, 4 << 20));
+  for (int i = 0; i < 5; i++) {
+    int64_t t0 = cxr_now_ns();
+    std::string a = honest.ask("noop 1000", 15000);
+    EXPECT_EQ(a, "ok") << "honest call " << i << " took " << (cxr_now_ns() - t0) / 1000000
+                       << " ms";
+  }
+  EXPECT_TRUE(marker_ran(honest)) << "the server never ran the stalled client's calls";
+  // The stalled client reads again: every reply comes, whole.
+  held.state = 2;
+  EXPECT_TRUE(wait_count(rep.calls, kCalls + 1));
+  EXPECT_EQ(rep.calls_ok.load(), kCalls + 1);
+  EXPECT_EQ(rep.aa_total.load(), (long)kCalls << 22);
+  EXPECT_EQ(honest.stop(), 0);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// The replies a client does not read are bounded per connection (as many as a client may
+// have calls in flight, 256): past that they are dropped (their results freed, the calls
+// end at the client's deadline), so such a client cannot grow the server's memory without
+// bound; the connection serves it again once it reads. (Before, the server waited for each
+// reply, 2 s per call, and all of them stayed with UCX.)
+TEST_F(Hostile, RepliesAClientDoesNotReadAreBoundedPerConnection) {
+  const int kCalls = 300;
+  cxrt::Proc honest;
+  uint64_t id = 0;
+  ASSERT_NO_FATAL_FAILURE(stalled_client(honest, &id, kCalls, 128 << 10));
+  EXPECT_TRUE(marker_ran(honest)) << "the server never ran the stalled client's calls";
+  held.state = 2;
+  EXPECT_TRUE(wait_count(rep.calls, 256));
+  usleep(500000);  // any more replies that were going to come have come
+  int got = rep.calls.load();
+  EXPECT_LT(got, kCalls + 1) << "no reply was dropped";  // (256 here: all were unsent)
+  EXPECT_EQ(rep.aa_total.load() % (128 << 10), 0);  // each reply that came is whole
+  // The connection serves its client again.
+  r_call h = {};
+  h.conn_id = id;
+  h.method = M_NOOP;
+  EXPECT_EQ(call(h, {}), 0);
+  EXPECT_EQ(honest.stop(), 0);
   EXPECT_EQ(server.stop(), 0);
 }
 
