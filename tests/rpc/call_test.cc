@@ -514,29 +514,42 @@ TEST_F(Call, AnotherThreadsCancelDoesNotCancelTheEntrysNextCall) {
   // cancel word the server reads. The owner may meanwhile see the outcome, free the future
   // and, once the late answer came, call again on the same entry: the id written was read
   // afresh, the new call's, and the server cancelled a call nobody cancelled (a review,
-  // 2026-11-28). The cancelling thread here pauses 200 ms after the outcome.
+  // 2026-11-28). The cancelling thread here pauses 600 ms after the outcome; the cancelled
+  // call sleeps 300 ms, so the cancel wins unless the canceller starts that late; the next
+  // call (400 ms) takes the late answer in, and the cancel word is written while the spin
+  // after it (from about 400 ms to 1400 ms) runs on the entry. (Once the first call slept
+  // 10 ms: a canceller that started later on a loaded machine cancelled the freed future's
+  // next call itself, CXR_ECANCELED for the spin.)
   for (int i = 0; i < 3; i++) {
-    sleep_args a = {10};
+    sleep_args a = {300};
     cxr_call_opts o = inline_opts(sizeof a, 5000000000);
     cxr_future *f = nullptr;
     ASSERT_EQ(cxr_conn_call_async(c, M_SLEEP, &a, &f, &o), 0);
+    std::atomic<int> cancel_rc{1};
     std::thread canceller([&] {
-      cxr__test_pause_after_outcome(200000000);
-      EXPECT_EQ(cxr_future_cancel(f), 0);
+      cxr__test_pause_after_outcome(600000000);
+      cancel_rc = cxr_future_cancel(f);
     });
-    while (cxr_future_poll(f, nullptr) == CXR_EAGAIN) {
+    int out;
+    while ((out = cxr_future_poll(f, nullptr)) == CXR_EAGAIN) {
     }
-    cxr_future_free(f);  // the late answer (10 ms) gives the entry back
-    sleep_args b = {30};
+    if (out != CXR_ECANCELED) {  // the answer came first: not the race this test is about
+      canceller.join();
+      cxr_future_free(f);
+      continue;
+    }
+    cxr_future_free(f);  // the late answer (300 ms) gives the entry back
+    sleep_args b = {400};
     o = inline_opts(sizeof b, 5000000000);
     void *r = nullptr;
     EXPECT_EQ(cxr_conn_call(c, M_SLEEP, &b, &r, &o), 0);  // takes that late answer in
     if (r) cxr_heap_free(h, r);
-    sleep_args s2 = {300};  // runs while the canceller still pauses
+    sleep_args s2 = {1000};  // runs while the canceller still pauses
     o = inline_opts(sizeof s2, 5000000000);
     int rc = cxr_conn_call(c, M_SPIN, &s2, nullptr, &o);
     EXPECT_EQ(rc, 0) << "try " << i << ": " << cxr_strerror(rc);
     canceller.join();
+    EXPECT_EQ(cancel_rc.load(), 0);
   }
 }
 
