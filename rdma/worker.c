@@ -726,6 +726,32 @@ static void process_setup(void) {
   pthread_atfork(NULL, NULL, after_fork_child);
 }
 
+/* Whether UCX_TLS (unset: every transport) lets UCX use TCP. */
+static bool tcp_enabled(void) {
+  const char *tls = getenv("UCX_TLS");
+  if (tls == NULL || !*tls) return true;
+  if (tls[0] == '^') return strstr(tls, "tcp") == NULL;
+  return strstr(tls, "tcp") != NULL || strstr(tls, "all") != NULL;
+}
+
+/* UCX 1.13's TCP transport connects with a blocking connect(2) by default, and inside
+ * ucp_ep_create it sends its connection request on the fresh connection. A peer that resets
+ * the connection between the two and refuses the retry (its process dying while we connect:
+ * the pool refill's endpoints to a peer being killed, tests/rdma/ep_share_test in CI) got the
+ * half-made endpoint marked failed, its destruction queued, and then given its send side
+ * anyway (uct_tcp_ep_connect in tcp_ep.c); the next worker progress, on any thread, aborted
+ * the process ("tcp_ep.c:478 Assertion `!(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX)' failed",
+ * uct_tcp_ep_destroy_progress). Non-blocking connects send nothing before the endpoint is
+ * whole: a failure then goes through the endpoint's error handler (tests/rdma/
+ * connect_dying_test). A UCX_TCP_CONN_NB of the user's wins. (UCX matches a key it does not
+ * know itself against each transport's own option names: only TCP has CONN_NB.) */
+static void tcp_connect_nonblocking(ucp_config_t *cfg) {
+  if (getenv("UCX_TCP_CONN_NB") != NULL || !tcp_enabled()) return;
+  ucs_status_t st = ucp_config_modify(cfg, "CONN_NB", "y");
+  if (st != UCS_OK)
+    CXR_WARN("rdma: cannot make UCX's TCP connects non-blocking: %s", ucs_status_string(st));
+}
+
 int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   if (out == NULL) return CXR_EINVAL;
   *out = NULL;
@@ -768,6 +794,7 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   ucp_config_t *cfg = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
   if (st != UCS_OK) goto fail;
+  tcp_connect_nonblocking(cfg);
   ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                      .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_AMO64 |
                                  UCP_FEATURE_WAKEUP,
