@@ -586,6 +586,17 @@ static void err_job(void *arg) {
   if (drop) cxr_rdma_ep_close(ep);
 }
 
+/* Has the progress thread handle the endpoint's failure (err_job; it closes a failed one
+ * nobody holds). From UCX callbacks too: no close runs inside one. Without memory the
+ * endpoint stays until the engine closes. */
+static void err_job_defer(cxr_rdma_ep *ep) {
+  err_arg *a = malloc(sizeof *a);
+  if (a == NULL) return;
+  a->r = ep->r;
+  a->id = ep->id;
+  if (cxr_rdma_defer(ep->r, err_job, a) != 0) free(a);
+}
+
 void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
   cxr_rdma_ep *ep = arg;
   cxr_rdma *r = ep->r;
@@ -608,11 +619,7 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
   }
   void (*cb)(cxr_rdma_ep *, int, void *) = __atomic_load_n(&ep->on_err, __ATOMIC_ACQUIRE);
   if (cb) cb(ep, err, __atomic_load_n(&ep->on_err_user, __ATOMIC_RELAXED));
-  err_arg *a = malloc(sizeof *a);
-  if (a == NULL) return;
-  a->r = r;
-  a->id = ep->id;
-  if (cxr_rdma_defer(r, err_job, a) != 0) free(a);
+  err_job_defer(ep);
 }
 
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep) {
@@ -625,12 +632,16 @@ cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep) {
   return found;
 }
 
+/* The last message off a failed endpoint has it closed on the progress thread, not here: a
+ * message is also freed inside UCX callbacks (a receive that failed), where a close would
+ * call UCX and take the endpoint's ulock for writing while a reply on another thread holds
+ * it for reading and waits for the worker's lock (TSan, rdma_test, once replies took ulock). */
 void cxr__ep_drop(cxr_rdma_ep *ep) {
   cxr_rdma *r = ep->r;
   pthread_mutex_lock(&r->lock);
   bool close = --ep->refs == 0 && ep->zombie;
   pthread_mutex_unlock(&r->lock);
-  if (close) cxr_rdma_ep_close(ep);
+  if (close) err_job_defer(ep);
 }
 
 int cxr_rdma_ep_status(const cxr_rdma_ep *ep) {

@@ -84,7 +84,8 @@ struct cxr_rdma_ep {
   atomic_int uclose;    /* 0 open, 1 its handle is being closed, 2 closed */
   atomic_int open_ops;  /* one-sided ops posted on the handle that UCX has not finished (mem.c) */
   atomic_int open_sends; /* messages posted on the handle that UCX has not finished (worker.c,
-                            am_send): UCX may read their data, the caller's, until then */
+                            am_send; replies too, on an accepted endpoint): UCX may read their
+                            data, the caller's, until then */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */

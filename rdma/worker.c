@@ -603,6 +603,12 @@ int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
   return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, NULL, NULL, deadline_ns);
 }
 
+/* A reply on one of our accepted endpoints (m->ref, the handle m->reply_ep) is posted and
+ * counted on it, as a send is: the endpoint's close then ends it if it is still pending. Sent
+ * on the bare handle, it was left to the close's graceful bound, and an engine closed with
+ * replies pending to a client that stopped reading aborted in ucp_worker_destroy (UCX 1.13:
+ * proto_reqs not empty; rdma_test). Other messages (from a client that connected from our
+ * worker address, or on an endpoint of our own) carry only the handle. */
 static int reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                  const struct iovec *iov, size_t niov, void *owned, void (*owned_free)(void *),
                  int64_t deadline_ns, bool wait) {
@@ -610,13 +616,12 @@ static int reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
   if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) rc = CXR_EINVAL;
   else if (cxr__rdma_copy(m->r)) rc = CXR_ECLOSED;
   else if (m->reply_ep == NULL) rc = CXR_ENOTCONN;
-  else if (m->ref) rc = atomic_load(&m->ref->status);
   if (rc) {
     owned_drop(owned, owned_free);
     return rc;
   }
-  return am_send(m->r, NULL, m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr, hlen, iov, niov,
-                 cxr__deadline(deadline_ns), wait, owned, owned_free);
+  return am_send(m->r, m->ref, m->ref ? NULL : m->reply_ep, id, UCP_AM_SEND_FLAG_REPLY, hdr,
+                 hlen, iov, niov, cxr__deadline(deadline_ns), wait, owned, owned_free);
 }
 
 int cxr__rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,

@@ -180,6 +180,51 @@ TEST(Rdma, AClosedEndpointsTimedOutSendNoLongerReadsTheCallersData) {
   EXPECT_FALSE(cxrt::died_within(peer, 100)) << "the peer died";
 }
 
+// An engine closed with replies still pending to a client that reads nothing: the accepted
+// endpoint's close must end them. They used to go on the bare UCX handle, uncounted, so the
+// close was graceful, gave up at its bound with them still in UCX, and ucp_worker_destroy
+// aborted (UCX 1.13: "ucs_hlist_is_empty(&ucp_ep_ext_gen(ep)->proto_reqs)" in ucp_ep.c, 3
+// runs in 3). A bare UCX client (rdma_peer flood) sends message 20 twenty times and is
+// stopped; our handler answers each with 1 MiB of the caller's data by rendezvous, which waits
+// for the client to ask for the data, so each reply times out and stays pending. Replies now
+// count on the accepted endpoint as sends do: the close gives them 200 ms, then force-closes
+// the endpoint, which cancels them.
+struct Replier {
+  std::vector<char> data = std::vector<char>(1 << 20, 'r');
+  std::atomic<int> replied{0}, timed_out{0};
+};
+
+void on_ask(cxr_rdma_msg *m, void *user) {
+  Replier *rp = (Replier *)user;
+  struct iovec iov = {rp->data.data(), rp->data.size()};
+  int rc = cxr_rdma_reply(m, 21, "a", 1, &iov, 1, cxr_now_ns() + 20000000);
+  if (rc == CXR_ETIMEDOUT) rp->timed_out.fetch_add(1);
+  rp->replied.fetch_add(1);
+}
+
+TEST(Rdma, ClosingTheEngineEndsRepliesPendingToAClientThatStoppedReading) {
+  Replier rp;
+  setenv("UCX_RNDV_THRESH", "64", 1);  // UCX reads it when the engine opens
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.listen = "127.0.0.1:0";
+  cxr_rdma *r;
+  int rc = cxr_rdma_open(&r, &o);
+  unsetenv("UCX_RNDV_THRESH");
+  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(cxr_rdma_am_set(r, 20, on_ask, &rp), 0);
+  Peer client;
+  ASSERT_TRUE(client.p.start(
+      {"tests/rdma/rdma_peer", "flood", std::to_string(cxr_rdma_port(r)), "20", "20"}));
+  ASSERT_EQ(client.p.line(10000), "FLOODED");
+  ASSERT_NO_FATAL_FAILURE(cxrt::stop(client));
+  ASSERT_TRUE(wait_for(rp.replied, 21, 10 * kSec));
+  EXPECT_EQ(rp.timed_out.load(), 20) << "the replies left before the close: nothing to check";
+  int64_t t0 = cxr_now_ns();
+  cxr_rdma_close(r);  // aborted here
+  EXPECT_LT(cxr_now_ns() - t0, 2 * kSec) << "the close is bounded";
+}
+
 // A bare UCX client of an engine's listener that speaks the engine's hello (rdma/ep.c:
 // message id 1 with header {magic "cxrh", version 1, token}, answered with id 2) and reads
 // the answers only while it waits for the first one.
