@@ -120,37 +120,88 @@ void cxr__conn_cb(ucp_conn_request_h req, void *arg) {
   CXR_DEBUG("rdma: accepted %s", peer);
 }
 
-/* Answers to hellos not yet sent, engine-wide: past this many a hello goes unanswered (its
- * client's connect times out). Answers are posted, not awaited, so a client that sends
- * hellos and never reads would otherwise grow the engine's memory without bound (a review
- * of 623921e). A connect's answer leaves in microseconds: legitimate clients never queue
- * this many. */
+/* Answers to hellos not yet sent, engine-wide and per client (by the UCX endpoint they go
+ * on): past either bound a hello goes unanswered (its client's connect times out). Answers
+ * are posted, not awaited, so a client that sends hellos and never reads would otherwise
+ * grow the engine's memory without bound (a review of 623921e); and with the engine-wide
+ * bound alone, one such client held all its places and every other client's connect timed
+ * out (rdma_test AClientFloodingHellosStarvesOnlyItself). A connect's answer leaves in
+ * microseconds: legitimate clients never queue this many. */
 #define HELLOS_OUT_MAX 1024
+#define HELLOS_CLIENT_MAX 16
+
+/* A client with hello answers not yet sent; on r->hello_clients while it has any. */
+typedef struct hello_client {
+  struct hello_client *next;
+  ucp_ep_h uep;  /* the endpoint its answers go on */
+  unsigned out;
+} hello_client;
+
+/* Takes a place for one answer on `uep`: false when the client or the engine has none left. */
+static bool hello_place_take(cxr_rdma *r, ucp_ep_h uep) {
+  pthread_mutex_lock(&r->lock);
+  hello_client *c = r->hello_clients;
+  while (c && c->uep != uep) c = c->next;
+  bool ok = r->hellos_out < HELLOS_OUT_MAX && (c == NULL || c->out < HELLOS_CLIENT_MAX);
+  if (ok && c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
+    c->uep = uep;
+    c->next = r->hello_clients;
+    r->hello_clients = c;
+  }
+  if (ok && c != NULL) {
+    c->out++;
+    r->hellos_out++;
+  }
+  pthread_mutex_unlock(&r->lock);
+  return ok && c != NULL;
+}
+
+/* Gives the place back (inside UCX callbacks too: no UCX calls). */
+static void hello_place_give(cxr_rdma *r, ucp_ep_h uep) {
+  pthread_mutex_lock(&r->lock);
+  for (hello_client **pp = &r->hello_clients; *pp; pp = &(*pp)->next) {
+    hello_client *c = *pp;
+    if (c->uep != uep) continue;
+    r->hellos_out--;
+    if (--c->out == 0) {
+      *pp = c->next;
+      free(c);
+    }
+    break;
+  }
+  pthread_mutex_unlock(&r->lock);
+}
 
 typedef struct hello_buf {
   cxr_rdma *r;
+  ucp_ep_h uep;
   char data[];
 } hello_buf;
 
 static void hello_buf_free(void *p) { /* inside a UCX callback: no UCX calls */
   hello_buf *b = p;
-  atomic_fetch_sub(&b->r->hellos_out, 1);
+  hello_place_give(b->r, b->uep);
   free(b);
 }
 
 void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   cxr_rdma *r = m->r;
   hello_req rq;
-  if (m->hlen != sizeof rq) return;
+  if (m->hlen != sizeof rq || m->reply_ep == NULL) return;
   memcpy(&rq, m->hdr, sizeof rq);
   if (rq.magic != HELLO_MAGIC || rq.version != HELLO_VERSION) return;
-  if (atomic_load(&r->hellos_out) >= HELLOS_OUT_MAX) {
-    CXR_DEBUG("rdma: %d hello answers unsent: a hello goes unanswered", HELLOS_OUT_MAX);
+  if (!hello_place_take(r, m->reply_ep)) {
+    CXR_DEBUG("rdma: a hello from %s goes unanswered: answers unsent fill its %d places or "
+              "the engine's %d", m->ref ? m->ref->host : "a worker-address client",
+              HELLOS_CLIENT_MAX, HELLOS_OUT_MAX);
     return;
   }
   ucp_address_t *wa = NULL;
   size_t walen = 0;
-  if (ucp_worker_get_address(r->worker, &wa, &walen) != UCS_OK) return;
+  if (ucp_worker_get_address(r->worker, &wa, &walen) != UCS_OK) {
+    hello_place_give(r, m->reply_ep);
+    return;
+  }
   /* Snapshot the exports under the lock, then send without it. */
   size_t cap = walen + 8, n = 0;
   pthread_mutex_lock(&r->lock);
@@ -176,7 +227,10 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   }
   pthread_mutex_unlock(&r->lock);
   ucp_worker_release_address(r->worker, wa);
-  if (buf == NULL) return;
+  if (buf == NULL) {
+    hello_place_give(r, m->reply_ep);
+    return;
+  }
   hello_rep rep = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .token = rq.token,
                    .waddr_len = (uint32_t)walen, .nexps = (uint32_t)n};
   struct iovec iov = {buf, off};
@@ -184,7 +238,7 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
    * never reads stalled the whole engine 2 s per hello (the reply's deadline; rdma_test).
    * The buffer goes with the reply, freed once UCX is done with it. */
   hb->r = r;
-  atomic_fetch_add(&r->hellos_out, 1);
+  hb->uep = m->reply_ep;
   int rc = cxr__rdma_reply_post(m, AM_HELLO_REPLY, &rep, sizeof rep, &iov, 1, hb,
                                 hello_buf_free);
   if (rc) CXR_DEBUG("rdma: hello reply failed: %s", cxr_strerror(rc));

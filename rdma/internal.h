@@ -134,7 +134,6 @@ extern _Atomic unsigned cxr__rdma_fork_epoch;
 
 struct cxr_rdma {
   unsigned epoch;         /* cxr__rdma_fork_epoch when opened (a fork child's copy is older) */
-  atomic_int hellos_out;  /* answers to hellos UCX still holds (HELLOS_OUT_MAX, ep.c) */
   ucp_context_h ctx;
   ucp_worker_h worker;
   ucp_listener_h listener;
@@ -168,6 +167,8 @@ struct cxr_rdma {
   cxr_rdma_ep *eps;
   cxr_rdma_mr *mrs;
   struct hello_wait *hellos;
+  unsigned hellos_out;     /* answers to hellos UCX still holds (HELLOS_OUT_MAX, ep.c) */
+  struct hello_client *hello_clients;  /* ... by client (HELLOS_CLIENT_MAX, ep.c) */
   uint64_t next_token;
   uint64_t next_ep_id;
   uint64_t use_clock;

@@ -340,6 +340,40 @@ TEST(Rdma, HellosNobodyReadsDoNotStallTheEngine) {
   cxr_rdma_close(r);
 }
 
+// The engine-wide bound on hello answers not yet sent (1024, rdma/ep.c) let one client that
+// sends hellos and never reads hold every place: every other client's hello went unanswered
+// and its connect timed out. Each client (the UCX endpoint its answers go on) now holds at
+// most 16 of them. Here a bare UCX client (rdma_peer flood) sends 3000 hellos and is
+// stopped. The peer sends every answer by rendezvous (UCX_RNDV_THRESH), which waits for the
+// receiver to ask for the data, so the answers stay unsent however much the sockets buffer
+// (with eager answers the kernel took in a varying share of them, and the old code passed
+// now and then). A well-behaved client must still connect cold (its hello answered), read
+// the exports again (a second hello) and get its echo. Before, the connect timed out
+// (CXR_ETIMEDOUT), 4 runs in 4.
+TEST(Rdma, AClientFloodingHellosStarvesOnlyItself) {
+  Peer peer, flooder;
+  ASSERT_TRUE(peer.start({"UCX_RNDV_THRESH=64"}));
+  ASSERT_TRUE(flooder.p.start({"tests/rdma/rdma_peer", "flood", std::to_string(peer.port),
+                               "3000"}));
+  ASSERT_EQ(flooder.p.line(10000), "FLOODED");
+  ASSERT_NO_FATAL_FAILURE(cxrt::stop(flooder));
+  usleep(300000);  // the peer takes the hellos in
+  Echo e;
+  cxr_rdma *r;
+  cxr_rdma_ep *ep = nullptr;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_am_set(r, 21, on_echo, &e), 0);
+  EXPECT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), cxr_now_ns() + 5 * kSec, &ep), 0)
+      << "the flooder's unsent answers took every place";
+  if (ep != nullptr) {
+    EXPECT_EQ(cxr_rdma_refresh(ep, cxr_now_ns() + 5 * kSec), 0);
+    ASSERT_EQ(cxr_rdma_am_send(ep, 20, "x", 1, nullptr, 0, cxr_now_ns() + 5 * kSec), 0);
+    EXPECT_TRUE(wait_for(e.got, 1, 5 * kSec));
+    cxr_rdma_ep_close(ep);
+  }
+  cxr_rdma_close(r);
+}
+
 TEST(Rdma, AMessageForAnIdNobodySetIsDroppedNotFatal) {
   // The peer serves ids 20 (echo) and its own; it never set these. UCX 1.13 crashed a
   // receiver that had no handler for a message's id (ucp_am_handler_reply; 2 runs in 3 under
