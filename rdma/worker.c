@@ -255,7 +255,9 @@ static unsigned run_queued(cxr_rdma *r) {
   return n;
 }
 
-static void drop_messages(cxr_rdma *r) {
+/* eps_gone: the endpoints were closed and freed (cxr__eps_close_all closes every one, held
+ * or not), so a message's hold on one is not given back: that would touch freed memory. */
+static void drop_messages(cxr_rdma *r, bool eps_gone) {
   for (;;) {
     pthread_mutex_lock(&r->lock);
     cxr_rdma_msg *m = r->mq_head;
@@ -266,6 +268,7 @@ static void drop_messages(cxr_rdma *r) {
     }
     pthread_mutex_unlock(&r->lock);
     if (m == NULL) break;
+    if (eps_gone) m->ref = NULL;
     cxr_rdma_msg_free(m);
   }
 }
@@ -898,7 +901,7 @@ void cxr_rdma_close(cxr_rdma *r) {
     pthread_mutex_lock(&r->lock);
     for (rdma_host *h = r->hosts; h; h = h->next) h->valid = false;
     pthread_mutex_unlock(&r->lock);
-    drop_messages(r);  /* nobody serves them now; they hold endpoints */
+    drop_messages(r, false);  /* nobody serves them now; they hold endpoints */
     run_queued(r);
     cxr__eps_close_all(r);
   }
@@ -906,14 +909,13 @@ void cxr_rdma_close(cxr_rdma *r) {
   /* After that wait, which progresses the worker: an endpoint that failed meanwhile defers
    * its error handling (with an argument it allocated), which would otherwise be freed
    * below without running, and its argument lost. */
+  /* Messages that came while the endpoints closed are not served: their handlers would
+   * reply through endpoints freed meanwhile. */
+  drop_messages(r, true);
   if (r->worker) run_queued(r);
   cxr__pin_fini(r);
   /* Messages and work nobody will run any more. */
-  while (r->mq_head) {
-    cxr_rdma_msg *m = r->mq_head;
-    r->mq_head = m->next;
-    cxr_rdma_msg_free(m);
-  }
+  drop_messages(r, true);
   while (r->dq_head) {
     rdma_defer *d = r->dq_head;
     r->dq_head = d->next;
