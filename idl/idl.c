@@ -418,25 +418,20 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
 }
 
 static __thread unsigned free_depth;
-static __thread uint64_t free_budget; /* bytes the top-level _free may still enter */
+static __thread uint64_t free_budget;
 
 static uint64_t free_refused; /* walks cut short: logged at the 1st, 2nd, 4th... */
 
-/* The budget is h's size: the blocks of a tree are distinct and lie in h, so however many
- * items a message holds its walk never runs out (with a count of items, 2^24, a repeated
- * field of more was left allocated). A graph rewritten into shared subtrees enters the same
- * blocks again and again: it stops after as many bytes as h holds, the work of freeing a
- * full heap. */
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size) {
-  if (free_depth == 0) free_budget = cxr_heap_size(h);
-  if (p == NULL || size == 0 || free_depth >= CXR__MAX_DEPTH || count > UINT64_MAX / size ||
-      count * size > free_budget || !cxr_heap_contains(h, p, count ? count * size : 1)) {
+  if (free_depth == 0) free_budget = CXR__FREE_BUDGET;
+  if (p == NULL || size == 0 || count > free_budget || free_depth >= CXR__MAX_DEPTH ||
+      count > UINT64_MAX / size || !cxr_heap_contains(h, p, count ? count * size : 1)) {
     if (p != NULL && cxr__log_due(__atomic_add_fetch(&free_refused, 1, __ATOMIC_RELAXED)))
       CXR_WARN("idl: a _free left %llu block(s) at %p: outside the heap, or past the walk's "
                "bounds (a graph rewritten by a peer?)", (unsigned long long)count, p);
     return false;
   }
-  free_budget -= count * size;
+  free_budget -= count;
   free_depth++;
   return true;
 }

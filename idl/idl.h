@@ -206,10 +206,10 @@ int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, cxr__cpsrc 
 int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__cpsrc *src);
 /* _free walks may meet a graph a peer rewrote (a handler's result left in the connection
  * heap, a half-built copy there): each block they follow, count blocks of size bytes at p,
- * must lie in h, and one top-level _free enters at most cxr_heap_size(h) bytes of blocks
- * (no tree holds more: its blocks are distinct) and CXR__MAX_DEPTH levels; past that it
- * frees no more (a leak in h, logged, not a hang). A true enter is paired with
- * cxr__free_leave. */
+ * must lie in h, and one top-level _free follows at most CXR__FREE_BUDGET blocks and items
+ * (about a second of frees) and CXR__MAX_DEPTH levels; past that it frees no more (a leak
+ * in h, logged, not a hang). A true enter is paired with cxr__free_leave. */
+#define CXR__FREE_BUDGET (1u << 24)
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size);
 void cxr__free_leave(void);
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a);
