@@ -38,10 +38,13 @@ void put_int(int fd, int v) { (void)!write(fd, &v, sizeof v); }
 // Runs fn(out) in a child that became uid's, then waits to be killed: the child's pid.
 template <class F>
 pid_t as_user(uid_t uid, int out, F fn) {
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
-  prctl(PR_SET_PDEATHSIG, SIGKILL);  // not left behind by a failed assertion
   if (!become(uid)) _exit(100);
+  // Not left behind by a failed assertion: set after the uid change, which clears it.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(101);
   fn(out);
   pause();
   _exit(0);
@@ -188,9 +191,16 @@ TEST_F(CxrpcdUsers, OneUsersConnectionsDoNotCloseAnothers) {
   ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
   pid_t b = as_user(kUidB, io[1], [&](int out) {
     int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+    int64_t connected = cxr_now_ns();
     put_int(out, c >= 0);
     char x;
     if (read(go[0], &x, 1) != 1) return;
+    // cxrpcd closes a connection idle for 1 s: past 900 ms (a loaded machine) the answer
+    // says nothing about uid A (2: not judged).
+    if (cxr_now_ns() - connected > 900000000) {
+      put_int(out, 2);
+      return;
+    }
     cxr__cxrpcd_msg m = {};
     m.magic = CXR__CXRPCD_MAGIC;
     m.type = CXR__MSG_STATS;
@@ -215,18 +225,20 @@ TEST_F(CxrpcdUsers, OneUsersConnectionsDoNotCloseAnothers) {
   EXPECT_EQ(v[2], 1) << "uid " << kUidA << "'s oldest connection was kept past its bound";
   ASSERT_EQ(write(go[1], "g", 1), 1);
   ASSERT_TRUE(read_ints(io[0], v, 1));
-  EXPECT_EQ(v[0], 1) << "uid " << kUidB << "'s connection was closed for uid " << kUidA << "'s";
   end(a);
   end(b);
   close(go[0]);
   close(go[1]);
+  if (v[0] == 2) GTEST_SKIP() << "uid " << kUidB << "'s connection idled near cxrpcd's 1 s";
+  EXPECT_EQ(v[0], 1) << "uid " << kUidB << "'s connection was closed for uid " << kUidA << "'s";
 }
 
 TEST_F(CxrpcdUsers, OneUserAtItsRegistrationBoundLeavesPlacesToAnother) {
   // A registrant uid holds at most 256 registrations: four of its processes register 64
   // tables each (a pid's bound), a fifth is refused, and another uid's process still
-  // registers one.
-  ASSERT_TRUE(serve());
+  // registers one. (At whole tables: a low descriptor limit cuts them.)
+  if (!can_give_whole_tables()) GTEST_SKIP() << "cannot give cxrpcd " << kWholeTables << " fds";
+  ASSERT_TRUE(serve(kWholeTables));
   const int K = 6;  // four of uid A, the refused fifth, then uid B's
   int go[K][2];
   int *out = io;
