@@ -119,8 +119,36 @@ static int connect_within(int s, const struct sockaddr_un *a, int64_t wait_ns) {
   return rc;
 }
 
+/* Whether the listener on s may be our cxrpcd: 0, or CXR_EPERM (logged). Whoever owns the
+ * socket's directory can unlink cxrpcd's socket and bind one of its own there; a server
+ * would then hand it its seal tables (REGISTER) and believe its clients enforced, and
+ * `cxrpcd run` its program's seccomp listener (ATTACH). So the listener's uid (SO_PEERCRED:
+ * the uid that called listen) must be root, our own, or $CXRPC_CXRPCD_UID. */
+static int check_listener(int s, const char *path) {
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) return cxr__from_errno(errno);
+  if (cr.uid == 0 || cr.uid == geteuid()) return 0;
+  const char *e = getenv("CXRPC_CXRPCD_UID");
+  if (e && *e) {
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(e, &end, 10);
+    if (errno || *end != '\0' || *e == '-' || v != (uid_t)v) {
+      CXR_ERR("CXRPC_CXRPCD_UID=%s: expected a uid", e);
+      return CXR_EINVAL;
+    }
+    if (cr.uid == (uid_t)v) return 0;
+  }
+  CXR_ERR("cxrpcd at %s listens as uid %u, not root, ours (%u) or $CXRPC_CXRPCD_UID:"
+          " refused (whoever owns its directory can put a socket there)", path,
+          (unsigned)cr.uid, (unsigned)geteuid());
+  return CXR_EPERM;
+}
+
 /* Waits for the socket to appear and answer until timeout_ns has passed, and for room in
- * its queue as long (at least 2 s when timeout_ns is 0: "do not wait for it to start"). */
+ * its queue as long (at least 2 s when timeout_ns is 0: "do not wait for it to start").
+ * A listener of an untrusted uid is refused at once (check_listener). */
 int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns) {
   struct sockaddr_un a = {.sun_family = AF_UNIX};
   if (!path || strlen(path) >= sizeof a.sun_path) return CXR_EINVAL;
@@ -131,7 +159,11 @@ int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns) {
     if (s < 0) return cxr__from_errno(errno);
     int64_t left = deadline - cxr_now_ns();
     int e = connect_within(s, &a, timeout_ns > 0 ? left : 2000000000ll);
-    if (e == 0) return s;
+    if (e == 0) {
+      int rc = check_listener(s, path);
+      if (rc != 0) close(s);
+      return rc != 0 ? rc : s;
+    }
     close(s);
     if (e == EAGAIN) {
       CXR_WARN("cxrpcd at %s accepts no connection (its queue stayed full)", path);

@@ -86,8 +86,9 @@ int cxr_seal_table_set_peer(cxr_seal_table *t, int sender_pid, const void *heap_
                             size_t heap_size);
 /* Receiver, enforced mode: registers the table with the cxrpcd supervisor at `socket`
  * (NULL: $CXRPC_CXRPCD or <root>/cxrpcd.sock) for the peer set above. Returns CXR_EPERM if
- * the supervisor does not supervise that process, CXR_ENOTCONN if none answers. The
- * registration lasts until the table is closed. */
+ * the supervisor does not supervise that process or listens as a uid not root's, ours or
+ * $CXRPC_CXRPCD_UID's, CXR_ENOTCONN if none answers. The registration lasts until the
+ * table is closed. */
 int cxr_seal_table_enforce(cxr_seal_table *t, const char *socket);
 bool cxr_seal_table_enforced(const cxr_seal_table *t);
 

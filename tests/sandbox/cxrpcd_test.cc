@@ -393,38 +393,6 @@ TEST_F(CxrpcdEnforced, OnlyATableTheSenderTookIsRegisteredForIt) {
   close(fd);
 }
 
-namespace {
-
-// Runs `cxrpcd serve --socket path`: its pid; *err receives the read end of its stderr.
-pid_t serve_at(const std::string &path, int *err) {
-  int pe[2];
-  if (pipe2(pe, O_CLOEXEC) != 0) return -1;
-  std::string bin = runfile("tools/cxrpcd/cxrpcd");
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(pe[1], 2);
-    execl(bin.c_str(), "cxrpcd", "serve", "--socket", path.c_str(), (char *)NULL);
-    _exit(127);
-  }
-  close(pe[1]);
-  *err = pe[0];
-  return pid;
-}
-
-// Its exit status within 5 s, or -1 (then it is killed).
-int exit_within_5s(pid_t pid) {
-  int st = 0;
-  for (int i = 0; i < 500; i++) {
-    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    usleep(10000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &st, 0);
-  return -1;
-}
-
-}  // namespace
-
 TEST_F(CxrpcdEnforced, ASecondSupervisorDoesNotTakeTheSocket) {
   // A second `cxrpcd serve` on the same path unlinked the first's socket and served there:
   // the first kept its supervised processes, whose later registrations reached the second

@@ -6,6 +6,7 @@
 // it cannot change uid it skips.
 #include <gtest/gtest.h>
 #include <errno.h>
+#include <sys/un.h>
 
 #include <string>
 #include <vector>
@@ -348,4 +349,132 @@ TEST_F(CxrpcdUsers, ARegistrationEndsWithTheProcessItNames) {
   munmap(w, cxr__seal_bytes(4));
   close(given);
   if (!reused) GTEST_SKIP() << "cannot give the next process pid " << old;
+}
+
+namespace {
+
+// A folder of /tmp given to uid (mode 0755), as a pod root its first user made is: the path
+// of a socket in it ("" if it could not be made).
+std::string dir_of(uid_t uid) {
+  char dir[] = "/tmp/cxrpcd-own-XXXXXX";
+  if (mkdtemp(dir) == NULL) return "";
+  if (chown(dir, uid, (gid_t)uid) != 0 || chmod(dir, 0755) != 0) {
+    rmdir(dir);
+    return "";
+  }
+  return std::string(dir) + "/s";
+}
+
+void remove_dir_of(const std::string &sock) {
+  unlink(sock.c_str());
+  rmdir(sock.substr(0, sock.rfind('/')).c_str());
+}
+
+// What the owner of the socket's folder can do: unlink cxrpcd's socket and listen there
+// itself, answering every request "done" (REPLY, status 0). For each request it reports on
+// out whether a descriptor came with it (1) or not (0); first a -1 once it listens.
+void fake_cxrpcd(const std::string &sock, int out) {
+  struct sockaddr_un a = {};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", sock.c_str());
+  int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  unlink(sock.c_str());
+  if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 8) != 0) _exit(1);
+  chmod(sock.c_str(), 0666);
+  put_int(out, -1);
+  for (int i = 0; i < 8; i++) {  // bounded; the test kills it
+    int c = accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    cxr__cxrpcd_msg m = {};
+    int fd = -1;
+    if (cxr__msg_recv(c, &m, &fd, 5000000000ll) == 0) {
+      put_int(out, fd >= 0 ? 1 : 0);
+      m = {};
+      m.magic = CXR__CXRPCD_MAGIC;
+      m.type = CXR__MSG_REPLY;
+      m.status = 0;
+      cxr__msg_send(c, &m, -1);
+    }
+    if (fd >= 0) close(fd);
+    close(c);
+  }
+}
+
+// Whether a report is waiting on fd (the fake reports before it replies, so a request it
+// answered has left one by the time its client has the answer).
+bool report_waiting(int fd) {
+  struct pollfd p = {fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 1;
+}
+
+}  // namespace
+
+TEST_F(CxrpcdUsers, AListenerOfAnotherUserIsNotTakenForCxrpcd) {
+  // Clients never checked who listened on the socket: the owner of its folder (a pod root
+  // is made by its first user, 01755 under umask 022) could unlink cxrpcd's socket and bind
+  // its own. An enforcing server then handed it its seal table and believed its client
+  // enforced (cxr_seal_table_enforce returned 0), and `cxrpcd run` handed it the program's
+  // seccomp listener and ran the program unsupervised. Now a listener whose uid is neither
+  // root, the client's, nor $CXRPC_CXRPCD_UID is refused (CXR_EPERM) before anything is sent.
+  std::string sock = dir_of(kUidB);
+  ASSERT_FALSE(sock.empty());
+  pid_t fake = as_user(kUidB, io[1], [&](int out) { fake_cxrpcd(sock, out); });
+  int up = 0;
+  ASSERT_TRUE(read_ints(io[0], &up, 1));
+  ASSERT_EQ(up, -1);
+  cxr_seal_table *t = nullptr;
+  ASSERT_EQ(cxr_seal_table_create(&t, nullptr), 0);
+  ASSERT_EQ(cxr_seal_table_set_peer(t, getpid(), nullptr, 0), 0);
+  EXPECT_EQ(cxr_seal_table_enforce(t, sock.c_str()), CXR_EPERM);
+  EXPECT_FALSE(cxr_seal_table_enforced(t));
+  cxr_seal_table_close(t);
+  EXPECT_FALSE(report_waiting(io[0])) << "the fake cxrpcd was sent the seal table";
+  // `cxrpcd run`: no supervisor, so the program is not run (127).
+  std::string bin = runfile("tools/cxrpcd/cxrpcd");
+  pid_t run = fork();
+  ASSERT_GE(run, 0);
+  if (run == 0) {
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 2);
+    execl(bin.c_str(), "cxrpcd", "run", "--socket", sock.c_str(), "--", "true", (char *)NULL);
+    _exit(126);
+  }
+  EXPECT_EQ(exit_within_5s(run), 127) << "`cxrpcd run` ran its program under the fake";
+  EXPECT_FALSE(report_waiting(io[0])) << "the fake cxrpcd was sent a seccomp listener";
+  // Unless the client names that uid as its cxrpcd's.
+  setenv("CXRPC_CXRPCD_UID", std::to_string(kUidB).c_str(), 1);
+  int c = cxr__cxrpcd_connect(sock.c_str(), 1000000000ll);
+  unsetenv("CXRPC_CXRPCD_UID");
+  EXPECT_GE(c, 0);
+  if (c >= 0) close(c);
+  end(fake);
+  remove_dir_of(sock);
+}
+
+TEST_F(CxrpcdUsers, ServeRefusesAFolderOthersCanReplaceItsSocketIn) {
+  // `cxrpcd serve` bound its socket in any folder: one another user owns (who can unlink
+  // the socket and bind its own), or one anyone may write without the sticky bit. Now it
+  // does not start (exit 1); root's folders, its own and sticky shared ones stay fine.
+  std::string sock = dir_of(kUidB);
+  ASSERT_FALSE(sock.empty());
+  int err = -1;
+  pid_t s = serve_at(sock, &err);
+  ASSERT_GT(s, 0);
+  EXPECT_EQ(exit_within_5s(s), 1) << "cxrpcd served in a folder of uid " << kUidB;
+  close(err);
+  std::string dir = sock.substr(0, sock.rfind('/'));
+  ASSERT_EQ(chown(dir.c_str(), 0, 0), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  s = serve_at(sock, &err);
+  ASSERT_GT(s, 0);
+  EXPECT_EQ(exit_within_5s(s), 1) << "cxrpcd served in a folder anyone may write";
+  close(err);
+  ASSERT_EQ(chmod(dir.c_str(), 01777), 0);  // as the pod root is: served
+  sup.sock = sock;
+  sup.pid = serve_at(sock, &err);
+  ASSERT_GT(sup.pid, 0);
+  close(err);
+  int c = cxr__cxrpcd_connect(sock.c_str(), 10000000000ll);  // bounded: 10 s
+  EXPECT_GE(c, 0) << "cxrpcd did not serve in a sticky folder of root's";
+  if (c >= 0) close(c);
 }

@@ -518,6 +518,36 @@ static void on_notify(sup *s, int pi, struct seccomp_notif *req,
   seccomp_notify_respond(p->nfd, resp);
 }
 
+/* Whether the socket's directory is one only we (or root) decide what stands in: 0, or
+ * CXR_EPERM (said on stderr). Its owner, or anyone who may write to it without the sticky
+ * bit, can unlink our socket and bind another there; clients check the listener's uid
+ * (SO_PEERCRED: root, theirs or $CXRPC_CXRPCD_UID), but ours would still be gone. Its
+ * parents are not checked: one owned by another user can rename it (the pod root's parent,
+ * /dev/shm, is root's and sticky). */
+static int check_dir(const char *path) {
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) strcpy(dir, ".");
+  else slash[slash == dir] = '\0'; /* "/s": the folder is "/" */
+  struct stat st;
+  if (stat(dir, &st) != 0) {
+    fprintf(stderr, "cxrpcd: cannot check the folder %s: %s\n", dir, strerror(errno));
+    return cxr__from_errno(errno);
+  }
+  if (st.st_uid != 0 && st.st_uid != geteuid()) {
+    fprintf(stderr, "cxrpcd: the folder %s belongs to uid %u (neither root nor ours), who could"
+            " replace the socket; not starting\n", dir, (unsigned)st.st_uid);
+    return CXR_EPERM;
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+    fprintf(stderr, "cxrpcd: the folder %s is writable by others without the sticky bit"
+            " (mode %04o); not starting\n", dir, (unsigned)(st.st_mode & 07777));
+    return CXR_EPERM;
+  }
+  return 0;
+}
+
 /* Makes way for our socket at path: 0 if nothing is there or what is there is a socket no
  * one listens on (left by a cxrpcd that died). Another cxrpcd answering there keeps it:
  * unlinking its socket left it serving its supervised processes unreachable (their later
@@ -552,7 +582,9 @@ static int claim_path(const struct sockaddr_un *a) {
  * per uid, and checks each request's sender itself (SO_PEERCRED). Bound under the caller's
  * umask (022: 0755), it took connections from its own uid only (EACCES for everyone else).
  * Set through the umask, not a chmod after the bind, which would follow whatever another
- * user put at the path meanwhile; who reaches the socket is the directory's to say. */
+ * user put at the path meanwhile. Who reaches the socket is the directory's to say, and whom
+ * it reaches is not: check_dir refuses a directory others could replace the socket in, and
+ * clients refuse a listener of an untrusted uid (cxr__cxrpcd_connect). */
 static int bind_for_all(int fd, const struct sockaddr_un *a) {
   mode_t old = umask(0111);
   int rc = bind(fd, (const struct sockaddr *)a, sizeof *a);
@@ -588,7 +620,8 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   struct sockaddr_un a = {.sun_family = AF_UNIX};
   if (!path || strlen(path) >= sizeof a.sun_path) return CXR_EINVAL;
   strcpy(a.sun_path, path);
-  int rc = claim_path(&a);
+  int rc = check_dir(path);
+  if (rc == 0) rc = claim_path(&a);
   if (rc) return rc;
   sup *s = calloc(1, sizeof *s);
   if (!s) return CXR_ENOMEM;
@@ -670,7 +703,7 @@ int cxrpcd_run(const char *path, char **argv) {
   cxr__sbx_window(&wbase, &wsize);
   int s = cxr__cxrpcd_connect(path, 5000000000ll);
   if (s < 0) {
-    fprintf(stderr, "cxrpcd run: no supervisor at %s\n", path);
+    fprintf(stderr, "cxrpcd run: no supervisor at %s (%s)\n", path, cxr_strerror(s));
     return s;
   }
   int nfd = cxr__enforce_filter_load(wbase, wsize);
