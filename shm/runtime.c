@@ -130,7 +130,15 @@ static int check_root(const char *root, bool is_default) {
   struct stat st;
   if (stat(root, &st) != 0) {
     if (errno == ENOENT && is_default) {
-      if (mkdir(root, 01777) != 0 && errno != EEXIST) return cxr__from_errno(errno);
+      /* 01777 as documented (every user of the pod creates files here, none removes
+       * another's), whatever our umask: under 022 it was 01755, and only its maker could
+       * use it. A chmod of a folder we just made in a sticky /dev/shm (no one else can
+       * move it); one another process made first (EEXIST) is left as it is. */
+      if (mkdir(root, 01777) == 0) {
+        if (chmod(root, 01777) != 0) return cxr__from_errno(errno);
+      } else if (errno != EEXIST) {
+        return cxr__from_errno(errno);
+      }
       if (stat(root, &st) != 0) return cxr__from_errno(errno);
     } else {
       return errno == ENOENT || errno == ENOTDIR ? CXR_ENOENT : cxr__from_errno(errno);

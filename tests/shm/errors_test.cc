@@ -23,7 +23,29 @@ using namespace shmtest;
 
 static std::string g_root = setup_root("errors_test");
 
-// Must run first: the runtime is not initialised yet, and a failed cxr_init leaves it so.
+TEST(Errors, TheDefaultRootIsMadeForEveryUserWhateverTheUmask) {
+  // The default root was made mkdir(01777) under the caller's umask: 01755 under 022, so
+  // no user but its maker could create a heap in it (docs say 01777), and its maker owned
+  // the folder cxrpcd's socket lives in. Here on a fresh /dev/shm of a child's own, before
+  // anything sets this process's runtime up (a child of an initialised one takes it as is).
+  pid_t pid = spawn([&]() -> int {
+    if (unshare(CLONE_NEWNS) != 0) return 77;
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 77;
+    if (mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=64m,mode=1777") != 0) return 77;
+    unsetenv("CXRPC_ROOT");
+    umask(022);
+    if (cxr_init(nullptr) != 0) return 10;
+    struct stat st;
+    if (stat("/dev/shm/cxrpc", &st) != 0) return 11;
+    return (st.st_mode & 07777) == 01777 ? 0 : 12;
+  });
+  int rc = wait_child(pid);
+  if (rc != 77) EXPECT_EQ(rc, 0) << "the default root is not 01777";
+  else fprintf(stderr, "default root case not run: cannot mount a tmpfs here\n");
+}
+
+// Must run first (the test above only inits a child): the runtime is not initialised yet,
+// and a failed cxr_init leaves it so.
 TEST(Errors, A_RootMissingOrNotWritable) {
   cxr_init_opts o;
   cxr_init_opts_init(&o);
