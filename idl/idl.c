@@ -417,26 +417,53 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
   return 0;
 }
 
+/* The blocks a _free walk is inside of (its ancestors), a set of at most CXR__MAX_DEPTH:
+ * open addressing at half load. Removal is last in, first out (cxr__free_leave), which
+ * gives back the table as it was before that insertion, so clearing the slot is enough. */
+#define FREE_ANC_SLOTS (2 * CXR__MAX_DEPTH)
+static __thread const void *free_anc[FREE_ANC_SLOTS];
+static __thread uint16_t free_anc_slot[CXR__MAX_DEPTH]; /* the slot each level took */
 static __thread unsigned free_depth;
-static __thread uint64_t free_budget;
+static __thread uint64_t free_budget; /* bytes of blocks the top-level _free may still enter */
+static __thread uint64_t free_entered;  /* blocks entered by this thread (tests) */
 
 static uint64_t free_refused; /* walks cut short: logged at the 1st, 2nd, 4th... */
 
+/* The slot of p in free_anc, or of the empty slot where it would go. */
+static unsigned free_anc_find(const void *p) {
+  uint64_t x = (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
+  unsigned i = (unsigned)(x >> 40) % FREE_ANC_SLOTS;
+  while (free_anc[i] != NULL && free_anc[i] != p) i = (i + 1) % FREE_ANC_SLOTS;
+  return i;
+}
+
+/* Each block is entered once: it must still be allocated (a shared subtree met again was
+ * freed after its first walk) and not be an ancestor (a cycle), so the work is the graph's
+ * distinct blocks and their items, whatever its paths. Items must fit in their block, so
+ * the bytes entered are at most the heap's size: a tree never reaches that bound, which
+ * stays for blocks another thread allocates at a freed address during the walk. */
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size) {
-  if (free_depth == 0) free_budget = CXR__FREE_BUDGET;
-  if (p == NULL || size == 0 || count > free_budget || free_depth >= CXR__MAX_DEPTH ||
-      count > UINT64_MAX / size || !cxr_heap_contains(h, p, count ? count * size : 1)) {
+  if (free_depth == 0) free_budget = cxr_heap_size(h);
+  size_t usable = p != NULL && size != 0 ? cxr_heap_usable_size(h, p) : 0;
+  unsigned slot = usable ? free_anc_find(p) : 0;
+  if (usable == 0 || count > usable / size || usable > free_budget ||
+      free_depth >= CXR__MAX_DEPTH || free_anc[slot] != NULL) {
     if (p != NULL && cxr__log_due(__atomic_add_fetch(&free_refused, 1, __ATOMIC_RELAXED)))
-      CXR_WARN("idl: a _free left %llu block(s) at %p: outside the heap, or past the walk's "
+      CXR_WARN("idl: a _free left %llu item(s) at %p: not an allocated block of the heap "
+               "(freed already: a shared subtree?), an ancestor (a cycle?) or past the walk's "
                "bounds (a graph rewritten by a peer?)", (unsigned long long)count, p);
     return false;
   }
-  free_budget -= count;
-  free_depth++;
+  free_budget -= usable;
+  free_anc[slot] = p;
+  free_anc_slot[free_depth++] = (uint16_t)slot;
+  free_entered++;
   return true;
 }
 
-void cxr__free_leave(void) { free_depth--; }
+void cxr__free_leave(void) { free_anc[free_anc_slot[--free_depth]] = NULL; }
+
+uint64_t cxr__free_entered(void) { return free_entered; }
 
 /* Each pointer and the count read once (the graph may be a peer's to change). */
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a) {

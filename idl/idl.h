@@ -205,13 +205,16 @@ void *cxr__cp_array(cxr_heap *to, const void *src, uint64_t count, size_t elem);
 int cxr__cp_strs(cxr_heap *to, cxr_vec_str *d, const cxr_vec_str *s, cxr__cpsrc *src);
 int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__cpsrc *src);
 /* _free walks may meet a graph a peer rewrote (a handler's result left in the connection
- * heap, a half-built copy there): each block they follow, count blocks of size bytes at p,
- * must lie in h, and one top-level _free follows at most CXR__FREE_BUDGET blocks and items
- * (about a second of frees) and CXR__MAX_DEPTH levels; past that it frees no more (a leak
- * in h, logged, not a hang). A true enter is paired with cxr__free_leave. */
-#define CXR__FREE_BUDGET (1u << 24)
+ * heap, a half-built copy there): each block they follow, count items of size bytes at p,
+ * must be a block of h still allocated, hold its items and not be one the walk is inside
+ * of, so each block is entered once (the work of a tree of the graph's distinct blocks,
+ * however it is shared or cyclic); at most cxr_heap_size(h) bytes of blocks per top-level
+ * _free and CXR__MAX_DEPTH levels; past that it frees no more (a leak in h, logged, not a
+ * hang). A true enter is paired with cxr__free_leave, before the block is freed.
+ * cxr__free_entered: the blocks this thread entered so far (tests). */
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size);
 void cxr__free_leave(void);
+uint64_t cxr__free_entered(void);
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a);
 void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a);
 bool cxr__eq_mem(const void *a, uint64_t alen, const void *b, uint64_t blen);

@@ -137,11 +137,14 @@ TEST(DocstoreCount, PointersOutsideTheRangeAreRefused) {
 // A _free of a graph a peer can still write (a handler's result left in the client's heap when
 // the handler fails, a half-built copy there) followed every pointer it found: rewritten
 // into a cycle it recursed until the stack ran out, into shared subtrees it walked 2^50
-// paths (a review, 2026-11-28). Now each block must lie in the heap and the walk is bounded.
+// paths (a review, 2026-11-28). Now the walk enters only allocated blocks of the heap, each
+// once (a block met again is freed already or an ancestor), and frees each graph whole.
 TEST(DocstoreFree, AGraphRewrittenIntoACycleOrSharedSubtreesIsFreedWithinBounds) {
   cxrt::setup_root("docstore-free");
   cxr_heap *h = nullptr;
   ASSERT_EQ(cxr_heap_create(&h, "docstore-free", 1 << 20, nullptr), 0);
+  cxr_heap_stats before, after;
+  ASSERT_EQ(cxr_heap_get_stats(h, &before), 0);
   int64_t t0 = cxr_now_ns();
   // A cycle: an object whose member holds the object's own value.
   docstore_Value *v = docstore_Value_new(h);
@@ -151,10 +154,14 @@ TEST(DocstoreFree, AGraphRewrittenIntoACycleOrSharedSubtreesIsFreedWithinBounds)
   o->members.items[0].value = v;
   v->kind_case = 5;
   v->kind.object = o;
+  uint64_t e0 = cxr__free_entered();
   docstore_Value_free(h, v);
+  EXPECT_EQ(cxr__free_entered() - e0, 3u) << "each of its 3 blocks once";
   docstore_Value *next = shared_levels(h, 30);  // 2^30 paths
   ASSERT_NE(next, nullptr);
+  e0 = cxr__free_entered();
   docstore_Value_free(h, next);
+  EXPECT_EQ(cxr__free_entered() - e0, 30u * 3 + 1) << "each of its blocks once";
   // A pointer to memory outside the heap is left alone.
   static docstore_Object outside;
   docstore_Value *x = docstore_Value_new(h);
@@ -163,12 +170,34 @@ TEST(DocstoreFree, AGraphRewrittenIntoACycleOrSharedSubtreesIsFreedWithinBounds)
   x->kind.object = &outside;
   docstore_Value_free(h, x);
   printf("three rewritten graphs freed in %lld ms\n", (long long)((cxr_now_ns() - t0) / 1000000));
-  // The heap still works.
+  // Each graph was freed whole, and the heap still works.
+  ASSERT_EQ(cxr_heap_get_stats(h, &after), 0);
+  EXPECT_EQ(after.used, before.used);
   void *p = cxr_heap_alloc(h, 64);
   EXPECT_NE(p, nullptr);
   cxr_heap_free(h, p);
   cxr_heap_close(h);
   cxr_heap_unlink("docstore-free");
+}
+
+// A graph of shared subtrees costs its _free one entry per distinct block, whatever the
+// heap's size: when the bound was the heap's size in bytes (efa1204, reverted), the walk
+// entered the same blocks again and again until it had entered a heap's worth (about 2^32
+// entries in a 64 GiB heap); under 2^24 blocks and items, 2^24 entries in any heap.
+TEST(DocstoreFree, SharedSubtreesCostOneEntryPerBlockInAnyHeap) {
+  for (size_t size : {size_t(1) << 20, size_t(64) << 20}) {
+    std::string name = "docstore-free-size-" + std::to_string(size);
+    cxrt::setup_root(name.c_str());
+    cxr_heap *h = nullptr;
+    ASSERT_EQ(cxr_heap_create(&h, name.c_str(), size, nullptr), 0);
+    docstore_Value *next = shared_levels(h, 40);  // 2^40 paths
+    ASSERT_NE(next, nullptr);
+    uint64_t e0 = cxr__free_entered();
+    docstore_Value_free(h, next);
+    EXPECT_EQ(cxr__free_entered() - e0, 40u * 3 + 1) << size << "-byte heap";
+    cxr_heap_close(h);
+    cxr_heap_unlink(name.c_str());
+  }
 }
 
 }  // namespace

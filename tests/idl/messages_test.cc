@@ -586,6 +586,34 @@ TEST_F(Msg, MethodIdsAreFnv1aOfTheFullName) {
   EXPECT_NE(cxrtest_Store_Put_ID, cxrtest_Admin_Ping_ID);
 }
 
+// _free bounds its walk so that a graph a peer rewrote into shared subtrees cannot walk
+// 2^50 paths. That bound was 2^24 blocks and items per call, so a caller's own message with
+// a repeated field of more items than that stayed allocated in its heap (the whole field:
+// 256 MiB here, logged as "a graph rewritten by a peer?"). The walk now enters each block
+// once (docstore_count_test), and a tree is freed whole however many items it holds.
+TEST(Free, AMessageOfMoreThan2To24ItemsIsFreedWhole) {
+  std::string name = "idlbigfree-" + std::to_string(getpid());
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 320u << 20, nullptr), 0);
+  cxr_heap_stats before, after;
+  ASSERT_EQ(cxr_heap_get_stats(h, &before), 0);
+  int64_t t0 = cxr_now_ns();
+  Ev *m = cxrtest_Everything_new(h);
+  ASSERT_NE(m, nullptr);
+  const uint64_t n = (1u << 24) + 1;  // empty strings: 16 bytes of items each
+  ASSERT_NE(CXR_VEC_ALLOC(h, m->r_string, n), nullptr);
+  ASSERT_EQ(cxr_str_setz(h, &m->r_string.items[n - 1], "the last one"), 0);
+  m->must = cxrtest_Leaf_new(h);  // a block after the field: the walk goes on past it
+  ASSERT_NE(m->must, nullptr);
+  cxrtest_Everything_free(h, m);
+  ASSERT_EQ(cxr_heap_get_stats(h, &after), 0);
+  EXPECT_EQ(after.used, before.used) << "left allocated by _free";
+  printf("built and freed %llu items in %lld ms\n", (unsigned long long)n,
+         (long long)((cxr_now_ns() - t0) / 1000000));
+  cxr_heap_close(h);
+  cxr_heap_unlink(name.c_str());
+}
+
 TEST(Generated, HeaderCarriesProtoComments) {
   std::ifstream f("tests/idl/everything.cxr.h");
   ASSERT_TRUE(f.good());
