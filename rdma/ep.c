@@ -749,22 +749,7 @@ static ucp_ep_h take_uep(cxr_rdma_ep *ep) {
   return u;
 }
 
-/* Progresses the worker until done(ep) or `deadline`, napping 50 us whenever it was idle
- * (the progress thread steps aside meanwhile). */
-static void progress_until(cxr_rdma_ep *ep, bool (*done)(cxr_rdma_ep *, void *), void *arg,
-                           int64_t deadline) {
-  cxr__rdma_waiter(ep->r, 1);
-  while (!done(ep, arg) && cxr_now_ns() < deadline)
-    if (cxr__rdma_progress(ep->r) == 0) {
-      struct timespec ts = {0, 50000};
-      nanosleep(&ts, NULL);
-    }
-  cxr__rdma_waiter(ep->r, -1);
-}
-
-static bool request_done(cxr_rdma_ep *ep, void *req) {
-  return ucp_request_check_status(req) != UCS_INPROGRESS;
-}
+static bool request_done(void *req) { return ucp_request_check_status(req) != UCS_INPROGRESS; }
 
 /* Closes a handle taken out of its endpoint and waits for the close until `deadline`; then
  * marks the endpoint closed. The close request has no callback: it is polled, then given back
@@ -782,7 +767,7 @@ static int close_uep(cxr_rdma_ep *ep, ucp_ep_h u, bool force, int64_t deadline) 
   if (UCS_PTR_IS_ERR(sp)) {
     rc = cxr__rdma_status(UCS_PTR_STATUS(sp));
   } else if (sp != NULL) {
-    progress_until(ep, request_done, sp, deadline);
+    cxr__progress_until(ep->r, request_done, sp, deadline);
     ucs_status_t st = ucp_request_check_status(sp);
     rc = st == UCS_INPROGRESS ? CXR_ETIMEDOUT : cxr__rdma_status(st);
     ucp_request_free(sp);
@@ -791,23 +776,24 @@ static int close_uep(cxr_rdma_ep *ep, ucp_ep_h u, bool force, int64_t deadline) 
   return rc;
 }
 
-static bool no_ops(cxr_rdma_ep *ep, void *unused) { return atomic_load(&ep->open_ops) == 0; }
+static bool no_ops(void *ep) { return atomic_load(&((cxr_rdma_ep *)ep)->open_ops) == 0; }
 
 /* Waits (bounded, progressing the worker) until no one-sided op (get, put, flush, atomic)
  * posted on the endpoint is left with UCX: 0 then, or how many are left. */
 static int ops_done(cxr_rdma_ep *ep, int64_t deadline) {
-  progress_until(ep, no_ops, NULL, deadline);
+  cxr__progress_until(ep->r, no_ops, ep, deadline);
   return atomic_load(&ep->open_ops);
 }
 
-static bool idle(cxr_rdma_ep *ep, void *unused) {
+static bool idle(void *arg) {
+  cxr_rdma_ep *ep = arg;
   return atomic_load(&ep->open_ops) == 0 && atomic_load(&ep->open_sends) == 0;
 }
 
 /* Same for one-sided ops and messages (sends, posts) together: true once none is left. */
 static bool all_done(cxr_rdma_ep *ep, int64_t deadline) {
-  progress_until(ep, idle, NULL, deadline);
-  return idle(ep, NULL);
+  cxr__progress_until(ep->r, idle, ep, deadline);
+  return idle(ep);
 }
 
 /* Another thread took the handle out and is closing it: wait (bounded) until it is closed. */

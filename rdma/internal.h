@@ -152,6 +152,10 @@ struct cxr_rdma {
   cxr_rdma_ep *parked;
   struct cxr_rdma *next_abandoned;  /* closed, UCX left undestroyed (worker.c) */
   atomic_int asleep;   /* the progress thread sleeps on the event fd: wake it to defer */
+  /* Messages posted on a bare UCX handle, no endpoint of ours (replies and hello answers to
+   * a client that connected from our worker address) that UCX has not finished: the close
+   * waits for them, as an endpoint's close does for its open_sends (worker.c, am_send). */
+  atomic_int bare_sends;
   void (*tick)(void *);
   void *tick_user;
   int64_t spin_ns;
@@ -208,7 +212,7 @@ typedef struct rdma_op {
   void (*owned_free)(void *);  /* how (NULL: free); runs inside a UCX callback, so it must
                                   not call UCX */
   atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops or
-                         open_sends) */
+                         open_sends, or the engine's bare_sends) */
   cxr_rdma *keep;     /* set: ended with an error, the op is parked on keep->graves, not freed */
   struct rdma_op *next;  /* on keep->graves */
 } rdma_op;
@@ -262,6 +266,9 @@ int cxr__rdma_defer_quiet(cxr_rdma *r, void (*fn)(void *), void *user);
 void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user);
 /* Progresses the worker on the calling thread (a waiter); returns events handled. */
 unsigned cxr__rdma_progress(cxr_rdma *r);
+/* Progresses the worker on the calling thread until done(arg) or `deadline`, napping 50 us
+ * whenever it was idle (the progress thread steps aside meanwhile). */
+void cxr__progress_until(cxr_rdma *r, bool (*done)(void *), void *arg, int64_t deadline);
 void cxr__rdma_waiter(cxr_rdma *r, int delta);
 int cxr__am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user, int flags);
 

@@ -167,6 +167,16 @@ int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline)
 unsigned cxr__rdma_progress(cxr_rdma *r) { return ucp_worker_progress(r->worker); }
 void cxr__rdma_waiter(cxr_rdma *r, int delta) { atomic_fetch_add(&r->waiters, delta); }
 
+void cxr__progress_until(cxr_rdma *r, bool (*done)(void *), void *arg, int64_t deadline) {
+  cxr__rdma_waiter(r, 1);
+  while (!done(arg) && cxr_now_ns() < deadline)
+    if (cxr__rdma_progress(r) == 0) {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  cxr__rdma_waiter(r, -1);
+}
+
 void cxr__rdma_set_tick(cxr_rdma *r, void (*fn)(void *), void *user) {
   pthread_mutex_lock(&r->lock);
   r->tick_user = user;
@@ -556,14 +566,14 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
   }
   /* Counted on the endpoint until UCX is done with it, as one-sided ops are: closing the
    * endpoint ends a send still pending, so that UCX never reads the caller's data after
-   * the close returns (ep.c, ep_destroy). Without a request there is no callback to count
-   * it down. */
-  if (ep) {
-    atomic_fetch_add(&ep->open_sends, 1);
-    op->open = &ep->open_sends;
-  }
+   * the close returns (ep.c, ep_destroy). On a bare handle (a reply to a client that came
+   * from our worker address: no endpoint of ours to close) it is counted on the engine,
+   * whose close waits for it: destroying the worker under it aborted (cxr_rdma_close).
+   * Without a request there is no callback to count it down. */
+  op->open = ep ? &ep->open_sends : &r->bare_sends;
+  atomic_fetch_add(op->open, 1);
   ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
-  if (ep && (sp == NULL || UCS_PTR_IS_ERR(sp))) atomic_fetch_sub(&ep->open_sends, 1);
+  if (sp == NULL || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(op->open, 1);
   if (ep) cxr__ep_unuse(ep);
   if (!wait) {
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
@@ -611,7 +621,8 @@ int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
  * on the bare handle, it was left to the close's graceful bound, and an engine closed with
  * replies pending to a client that stopped reading aborted in ucp_worker_destroy (UCX 1.13:
  * proto_reqs not empty; rdma_test). Other messages (from a client that connected from our
- * worker address, or on an endpoint of our own) carry only the handle. */
+ * worker address, or on an endpoint of our own) carry only the handle: a reply on it is
+ * counted on the engine (bare_sends), which nothing but the engine's close ends. */
 static int reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                  const struct iovec *iov, size_t niov, void *owned, void (*owned_free)(void *),
                  int64_t deadline_ns, bool wait) {
@@ -867,22 +878,39 @@ static cxr_rdma *abandoned;
 static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The end of cxr_rdma_close when endpoints still have one-sided ops pending at a target
- * silent through every bounded wait (ep.c, ep_park): with UCX 1.13 no way to destroy the
- * worker under them is safe (a force close of their endpoint made ucp_worker_destroy assert
- * and the resumed target abort; destroying the worker with them in place asserted too). So
- * the worker and the context, the parked endpoints, the ops and the parked op buffers are
- * left as they are: a bounded leak (the engine's UCX state plus those ops, at most 16
- * chunks of 64 KiB per timed-out get or put), logged, in a case that needs a target stopped
- * for the whole close. Nothing progresses the worker any more; a target that resumes finds
- * its connection open (or reset, once this process exits), not a vanished endpoint. */
-static void leave_to_ucx(cxr_rdma *r, unsigned parked) {
-  CXR_WARN("rdma: %u endpoint(s) still have one-sided ops pending at a silent target; the "
-           "UCX worker and context are left undestroyed (UCX 1.13 aborts destroying them)",
-           parked);
+ * silent through every bounded wait (ep.c, ep_park), or messages on bare handles are still
+ * pending at a client that stopped reading (bare_sends_left): with UCX 1.13 no way to
+ * destroy the worker under them is safe (a force close of their endpoint made
+ * ucp_worker_destroy assert and the resumed target abort; destroying the worker with them in
+ * place asserted too). So the worker and the context, the parked endpoints, the ops and the
+ * parked op buffers are left as they are: a bounded leak (the engine's UCX state plus those
+ * ops, at most 16 chunks of 64 KiB per timed-out get or put, and the pending messages'
+ * buffers), logged, in a case that needs a peer stopped for the whole close. Nothing
+ * progresses the worker any more, so nothing reads a caller's data either; a peer that
+ * resumes finds its connection open (or reset, once this process exits), not a vanished
+ * endpoint. */
+static void leave_to_ucx(cxr_rdma *r, unsigned parked, int bare) {
+  CXR_WARN("rdma: still with UCX at the close: one-sided ops of %u endpoint(s) at a silent "
+           "target, %d message(s) to clients that read nothing; the UCX worker and context are "
+           "left undestroyed (UCX 1.13 aborts destroying them)", parked, bare);
   pthread_mutex_lock(&abandoned_lock);
   r->next_abandoned = abandoned;
   abandoned = r;
   pthread_mutex_unlock(&abandoned_lock);
+}
+
+static bool no_bare_sends(void *r) { return atomic_load(&((cxr_rdma *)r)->bare_sends) == 0; }
+
+/* Messages on bare UCX handles (replies and hello answers to clients that connected from our
+ * worker address, rpc/remote_server.c posts its call replies) have no endpoint of ours whose
+ * close would end them, and UCX 1.13 aborts destroying the worker under one still pending
+ * (ucp_ep_destroy_base: proto_reqs not empty; rdma_test, close_silent_test). They get the
+ * worker progressed for them, up to 1 s (one to a reading client ends in microseconds;
+ * a large one goes by rendezvous, a round trip or two); returns how many are still left (a
+ * client that stopped reading: the close then leaves the worker to UCX). */
+static int bare_sends_left(cxr_rdma *r) {
+  cxr__progress_until(r, no_bare_sends, r, cxr_now_ns() + 1000000000);
+  return atomic_load(&r->bare_sends);
 }
 
 void cxr_rdma_close(cxr_rdma *r) {
@@ -906,7 +934,8 @@ void cxr_rdma_close(cxr_rdma *r) {
     cxr__eps_close_all(r);
   }
   unsigned parked = r->worker ? cxr__eps_unpark(r, 200000000) : 0;  /* one last wait */
-  /* After that wait, which progresses the worker: an endpoint that failed meanwhile defers
+  int bare = r->worker ? bare_sends_left(r) : 0;
+  /* After those waits, which progress the worker: an endpoint that failed meanwhile defers
    * its error handling (with an argument it allocated), which would otherwise be freed
    * below without running, and its argument lost. */
   /* Messages that came while the endpoints closed are not served: their handlers would
@@ -928,8 +957,8 @@ void cxr_rdma_close(cxr_rdma *r) {
     free(h->waddr);
     free(h);
   }
-  if (parked) {
-    leave_to_ucx(r, parked);
+  if (parked || bare) {
+    leave_to_ucx(r, parked, bare);
     return;
   }
   if (r->worker) ucp_worker_destroy(r->worker);

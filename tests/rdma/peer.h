@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,42 @@ inline bool died_within(Peer &peer, int ms) {
       return true;
     }
   return false;
+}
+
+// A server engine of ours (listening on loopback, replies of 64 bytes and more by
+// rendezvous: UCX keeps such a reply until the client fetches its data) and an rdma_peer
+// client process that reached it from its worker address: a cold connect (which teaches the
+// client that address), then a warm one (which closes the cold endpoint) and a ping on it.
+// Our handler keeps the ping unanswered in `m`: no accepted endpoint of ours is behind it,
+// only UCX's reply handle (rdma/worker.c, reply). The client sits in its ping (up to 5 s).
+struct WarmAsk {
+  cxr_rdma *r = nullptr;
+  Proc client;
+  std::atomic<cxr_rdma_msg *> m{nullptr};
+
+  static void on_ping(cxr_rdma_msg *msg, void *user) {
+    cxr_rdma_msg_keep(msg);
+    ((WarmAsk *)user)->m.store(msg);
+  }
+};
+
+inline void warm_ask(WarmAsk &w) {
+  setenv("UCX_RNDV_THRESH", "64", 1);  // UCX reads it when the engine opens
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.listen = "127.0.0.1:0";
+  int rc = cxr_rdma_open(&w.r, &o);
+  unsetenv("UCX_RNDV_THRESH");
+  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(cxr_rdma_am_set(w.r, 20, WarmAsk::on_ping, &w), 0);
+  std::string addr = "127.0.0.1:" + std::to_string(cxr_rdma_port(w.r));
+  ASSERT_TRUE(w.client.start({"tests/rdma/rdma_peer", "client"}));
+  ASSERT_EQ(w.client.line(10000), "READY");
+  ASSERT_EQ(w.client.ask("connect " + addr + " 5000", 10000), "ok");
+  ASSERT_EQ(w.client.ask("connect " + addr + " 5000", 10000), "ok");  // warm
+  ASSERT_TRUE(w.client.say("ping 5000"));
+  for (int i = 0; i < 5000 && w.m.load() == nullptr; i++) usleep(1000);
+  ASSERT_NE(w.m.load(), nullptr) << "the ping did not come";
 }
 
 }  // namespace cxrt
