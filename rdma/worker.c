@@ -935,11 +935,10 @@ void cxr_rdma_close(cxr_rdma *r) {
   }
   unsigned parked = r->worker ? cxr__eps_unpark(r, 200000000) : 0;  /* one last wait */
   int bare = r->worker ? bare_sends_left(r) : 0;
-  /* After those waits, which progress the worker: an endpoint that failed meanwhile defers
-   * its error handling (with an argument it allocated), which would otherwise be freed
-   * below without running, and its argument lost. */
-  /* Messages that came while the endpoints closed are not served: their handlers would
-   * reply through endpoints freed meanwhile. */
+  /* After those waits, which progress the worker: messages that came meanwhile are not
+   * served (their handlers would reply through endpoints freed by then), and the error
+   * handling an endpoint that failed meanwhile deferred (with an argument it allocated)
+   * runs, or the argument would be freed below without it. */
   drop_messages(r, true);
   if (r->worker) run_queued(r);
   cxr__pin_fini(r);
