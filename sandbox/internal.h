@@ -140,6 +140,13 @@ int cxr__msg_recv(int sock, cxr__cxrpcd_msg *m, int *fd, int64_t timeout_ns);
  * process's pod root (cxr_root(): cxr_init_opts.root, $CXRPC_ROOT, /dev/shm/cxrpc). */
 int cxr__cxrpcd_path(const char *explicit_path, char *out, size_t cap);
 int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns);
+/* A connect that waits for room in a full accept queue at most wait_ns (SO_SNDTIMEO bounds
+ * that wait for Unix sockets; a non-blocking connect cannot be polled for it, it fails with
+ * EAGAIN at once). A cxrpcd whose client table is full accepts no one, and its queue fills:
+ * a plain connect then waited for good (cxrpcd checks its path that way too). 0, or the
+ * errno (EAGAIN: the wait ran out). */
+struct sockaddr_un;
+int cxr__connect_within(int s, const struct sockaddr_un *a, int64_t wait_ns);
 
 #ifdef __cplusplus
 }

@@ -105,11 +105,8 @@ int cxr__cxrpcd_path(const char *explicit_path, char *out, size_t cap) {
   return 0;
 }
 
-/* A connect that waits for room in a full accept queue at most wait_ns (SO_SNDTIMEO bounds
- * that wait for Unix sockets; a non-blocking connect cannot be polled for it, it fails with
- * EAGAIN at once). A cxrpcd whose client table is full accepts no one, and its queue fills:
- * a plain connect then waited for good. 0, or the errno (EAGAIN: the wait ran out). */
-static int connect_within(int s, const struct sockaddr_un *a, int64_t wait_ns) {
+/* See internal.h. */
+int cxr__connect_within(int s, const struct sockaddr_un *a, int64_t wait_ns) {
   if (wait_ns < 1000000) wait_ns = 1000000;
   struct timeval tv = {.tv_sec = wait_ns / 1000000000, .tv_usec = wait_ns % 1000000000 / 1000};
   if (setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) return errno;
@@ -158,7 +155,7 @@ int cxr__cxrpcd_connect(const char *path, int64_t timeout_ns) {
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (s < 0) return cxr__from_errno(errno);
     int64_t left = deadline - cxr_now_ns();
-    int e = connect_within(s, &a, timeout_ns > 0 ? left : 2000000000ll);
+    int e = cxr__connect_within(s, &a, timeout_ns > 0 ? left : 2000000000ll);
     if (e == 0) {
       int rc = check_listener(s, path);
       if (rc != 0) close(s);

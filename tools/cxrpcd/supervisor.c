@@ -563,9 +563,7 @@ static int claim_path(const struct sockaddr_un *a) {
   if (c < 0) return cxr__from_errno(errno);
   /* Bounded: a cxrpcd with a full client table accepts no one and its queue fills, and a
    * plain connect waited for good. A queue that stays full (EAGAIN) is one that is served. */
-  struct timeval tv = {.tv_sec = 2};
-  int rc = setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ? errno : 0;
-  if (rc == 0) rc = connect(c, (const struct sockaddr *)a, sizeof *a) == 0 ? 0 : errno;
+  int rc = cxr__connect_within(c, a, 2000000000ll);
   close(c);
   if (rc == 0 || rc == EAGAIN) {
     fprintf(stderr, "cxrpcd: another cxrpcd serves on %s; not starting\n", a->sun_path);
