@@ -36,13 +36,18 @@ int cxr__skel_result(cxr_call *call, const void *rs, size_t size, cxr__rinfn wal
   return rc;
 }
 
+/* The bytes of r from p on: 0 when p lies outside r. */
+static size_t room_at(cxr_range r, const void *p) {
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)r.p;
+  return r.p && a >= lo && a - lo < r.len ? r.len - (a - lo) : 0;
+}
+
 cxr_range cxr__call_arg_extent(cxr_call *call, const void *args) {
   cxr_range r = cxr_call_arg_range(call);
   size_t len = cxr_call_arg_len(call);
-  uintptr_t a = (uintptr_t)args, lo = (uintptr_t)r.p;
   /* Only an extent inside the heap narrows the range (an inline copy lies elsewhere and
    * is then checked, and refused, against the heap). */
-  if (len && r.p && a >= lo && a - lo < r.len && len <= r.len - (a - lo)) {
+  if (len && len <= room_at(r, args)) {
     r.p = args;
     r.len = len;
   }
@@ -54,11 +59,10 @@ int cxr__skel_arg_check(cxr_call *call, const void *args, size_t size) {
    * copied (an inline argument): a struct within it is readable. Else the struct itself
    * must lie in the heap (a caller that stated no length, as the stubs do). */
   if (cxr_call_arg_len(call) >= size) return 0;
-  cxr_range r = cxr_call_arg_range(call);
-  uintptr_t a = (uintptr_t)args, lo = (uintptr_t)r.p;
+  size_t room = room_at(cxr_call_arg_range(call), args);
   /* The transports take an argument by pointer only inside that range: one outside it is
    * an inline copy (CXR_CALL_INLINE), and one shorter than its struct is a truncated
    * message, not a bad pointer. */
-  if (!(r.p && a >= lo && a - lo < r.len)) return CXR_EPROTO;
-  return size <= r.len - (a - lo) ? 0 : CXR_EBADPTR;
+  if (room == 0) return CXR_EPROTO;
+  return size <= room ? 0 : CXR_EBADPTR;
 }
