@@ -4,6 +4,7 @@
 #ifndef CXRPC_TESTS_SANDBOX_CXRPCD_CLIENT_H
 #define CXRPC_TESTS_SANDBOX_CXRPCD_CLIENT_H
 
+#include <errno.h>
 #include <grp.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -220,6 +221,79 @@ inline pid_t serve_at(const std::string &path, int *err) {
   close(pe[1]);
   *err = pe[0];
   return pid;
+}
+
+// n ints from fd within 10 s (false if they did not come).
+inline bool read_ints(int fd, int *v, int n) {
+  for (int i = 0; i < n; i++) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1 || read(fd, &v[i], sizeof v[i]) != (ssize_t)sizeof v[i])
+      return false;
+  }
+  return true;
+}
+
+inline void put_int(int fd, int v) { (void)!write(fd, &v, sizeof v); }
+
+// A raise in the window where nothing is mapped: -ENOMEM once let through, -EPERM if refused.
+inline int raise_in_window() {
+  uintptr_t wbase;
+  size_t wsize;
+  cxr__sbx_window(&wbase, &wsize);
+  void *p = (void *)(wbase + wsize / 2 + 0x123000);
+  return mprotect(p, 4096, PROT_READ | PROT_WRITE) == 0 ? 0 : -errno;
+}
+
+// A supervised process of uid, driven by one byte at a time: 'r' raise_in_window(), 'm'
+// maps each of fds read-only and keeps them (as a sender takes its servers' tables); each
+// answered with an int.
+struct Puppet {
+  pid_t pid = -1;
+  int ctl = -1;
+};
+
+// Its fds mapped: 0, or the first mmap's -errno.
+inline int map_all(const std::vector<int> &fds) {
+  for (int fd : fds)
+    if (mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) return -errno;
+  return 0;
+}
+
+inline bool spawn_puppet(const Supervisor &sup, uid_t uid, const std::vector<int> &fds,
+                         Puppet *p) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return false;
+  int nfd = -1;
+  p->pid = fork_attached(sup, &nfd, uid);
+  if (p->pid < 0) return false;
+  if (p->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(sv[0]);
+    char c;
+    while (read(sv[1], &c, 1) == 1)
+      put_int(sv[1], c == 'r' ? raise_in_window() : c == 'm' ? map_all(fds) : -EINVAL);
+    _exit(0);
+  }
+  close(sv[1]);
+  p->ctl = sv[0];
+  return true;
+}
+
+inline bool spawn_puppet(const Supervisor &sup, uid_t uid, int fd, Puppet *p) {
+  return spawn_puppet(sup, uid, std::vector<int>{fd}, p);
+}
+
+// The puppet's answer (-9999: none within 10 s, as when it could not attach).
+inline int puppet_do(Puppet *p, char c) {
+  int rc = -9999;
+  if (write(p->ctl, &c, 1) != 1 || !read_ints(p->ctl, &rc, 1)) return -9999;
+  return rc;
+}
+
+inline void end_puppet(Puppet *p) {
+  if (p->pid > 0) kill(p->pid, SIGKILL), waitpid(p->pid, nullptr, 0);
+  close(p->ctl);
+  p->pid = -1;
 }
 
 // Its exit status within 5 s, or -1 (then it is killed).

@@ -24,18 +24,6 @@ bool open_dir(const Supervisor &sup) {
   return chmod(sup.sock.substr(0, sup.sock.rfind('/')).c_str(), 01777) == 0;
 }
 
-// n ints from fd within 10 s (false if they did not come).
-bool read_ints(int fd, int *v, int n) {
-  for (int i = 0; i < n; i++) {
-    struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, 10000) != 1 || read(fd, &v[i], sizeof v[i]) != (ssize_t)sizeof v[i])
-      return false;
-  }
-  return true;
-}
-
-void put_int(int fd, int v) { (void)!write(fd, &v, sizeof v); }
-
 // Runs fn(out) in a child that became uid's, then waits to be killed: the child's pid.
 template <class F>
 pid_t as_user(uid_t uid, int out, F fn) {
@@ -55,60 +43,6 @@ void end(pid_t pid) {
   if (pid <= 0) return;
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
-}
-
-// A raise in the window where nothing is mapped: -ENOMEM once let through, -EPERM if refused.
-int raise_in_window() {
-  uintptr_t wbase;
-  size_t wsize;
-  cxr__sbx_window(&wbase, &wsize);
-  void *p = (void *)(wbase + wsize / 2 + 0x123000);
-  return mprotect(p, 4096, PROT_READ | PROT_WRITE) == 0 ? 0 : -errno;
-}
-
-// A supervised process of uid, driven by one byte at a time: 'r' raise_in_window(), 'm'
-// maps fd read-only and keeps it (as a sender takes its server's table); each answered
-// with an int.
-struct Puppet {
-  pid_t pid = -1;
-  int ctl = -1;
-};
-
-bool spawn_puppet(const Supervisor &sup, uid_t uid, int fd, Puppet *p) {
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return false;
-  int nfd = -1;
-  p->pid = fork_attached(sup, &nfd, uid);
-  if (p->pid < 0) return false;
-  if (p->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(sv[0]);
-    char c;
-    while (read(sv[1], &c, 1) == 1) {
-      int rc = -EINVAL;
-      if (c == 'r') rc = raise_in_window();
-      if (c == 'm' && mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) rc = -errno;
-      else if (c == 'm') rc = 0;
-      put_int(sv[1], rc);
-    }
-    _exit(0);
-  }
-  close(sv[1]);
-  p->ctl = sv[0];
-  return true;
-}
-
-// The puppet's answer (-9999: none within 10 s, as when it could not attach).
-int puppet_do(Puppet *p, char c) {
-  int rc = -9999;
-  if (write(p->ctl, &c, 1) != 1 || !read_ints(p->ctl, &rc, 1)) return -9999;
-  return rc;
-}
-
-void end_puppet(Puppet *p) {
-  end(p->pid);
-  close(p->ctl);
-  p->pid = -1;
 }
 
 // Whether a child of ours can become another user (not under Bazel's sandbox).

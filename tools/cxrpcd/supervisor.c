@@ -123,11 +123,21 @@ static int64_t read_status_field(int64_t pid, const char *field) {
 #define PIDFD_THREAD O_EXCL
 #endif
 
-/* Whether the process (or thread) behind pidfd has exited (a pidfd polls readable then). */
-static bool gone(int pidfd) {
+/* Whether the process (or thread) behind pidfd has exited (a pidfd polls readable then): 1,
+ * 0, or a negative CXR_E* when poll fails (ENOMEM: it allocates; a zero timeout never gives
+ * EINTR). A failure says nothing: each caller takes it the way that grants nothing. */
+static int exited(int pidfd) {
   struct pollfd p = {.fd = pidfd, .events = POLLIN};
-  return poll(&p, 1, 0) != 0;
+  int n = poll(&p, 1, 0);
+  return n < 0 ? cxr__from_errno(errno) : n;
 }
+
+/* Exited, or cannot tell: for the callers for which a live process grants something (a
+ * cached answer, counting as supervised, a registration taken). */
+static bool gone(int pidfd) { return exited(pidfd) != 0; }
+
+/* Alive, or cannot tell: for a place a live process holds (its attach). */
+static bool holds_on(int pidfd) { return exited(pidfd) != 1; }
 
 /* The process of thread tid. A cached answer holds while the thread it was read for lives
  * (a pidfd of that thread): once it exits its tid can go to a thread of another process,
@@ -199,11 +209,18 @@ static void drop_reg(sup *s, int r) {
 /* Registrations whose process has ended (pid >= 0: only those naming pid). A registration
  * names a pid, and used to last while its registrant's connection did: once the process
  * exited, the next one given its pid (any user's) was decided with the old one's tables
- * (its raises and unmaps refused wherever they said) and found its pid's places taken. */
+ * (its raises and unmaps refused wherever they said) and found its pid's places taken.
+ * One we cannot tell about is kept and asked again next time: a failed poll used to count
+ * as an exit, dropping the registration (and so its refusals) of a live process. */
 static void drop_gone_regs(sup *s, int64_t pid) {
-  for (int r = 0; r < s->nregs;)
-    if ((pid < 0 || s->regs[r].pid == pid) && gone(s->regs[r].pidfd)) drop_reg(s, r);
+  for (int r = 0; r < s->nregs;) {
+    int e = pid < 0 || s->regs[r].pid == pid ? exited(s->regs[r].pidfd) : 0;
+    if (e < 0)
+      CXR_WARN("cxrpcd: cannot tell whether pid %lld has exited (%s); its registration is kept",
+               (long long)s->regs[r].pid, cxr_strerror(e));
+    if (e == 1) drop_reg(s, r);
     else r++;
+  }
 }
 
 static void drop_client(sup *s, int i) {
@@ -247,10 +264,10 @@ static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
     if (syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, fd, s->procs[i].nfd) == 0) same = i;
   int mine = 0;
   for (int i = 0; i < s->nprocs; i++) {
-    if (s->procs[i].pid == m->pid && !gone(s->procs[i].pidfd)) return CXR_EBUSY;
+    if (s->procs[i].pid == m->pid && holds_on(s->procs[i].pidfd)) return CXR_EBUSY;
     mine += s->procs[i].uid == cr.uid;
   }
-  if (same >= 0 && !gone(s->procs[same].pidfd)) return CXR_EBUSY;
+  if (same >= 0 && holds_on(s->procs[same].pidfd)) return CXR_EBUSY;
   if (same < 0 && s->nprocs == s->max_procs) return CXR_EFULL;
   if (mine >= s->procs_per_uid && (same < 0 || s->procs[same].uid != cr.uid)) return CXR_EFULL;
   int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)m->pid, 0);

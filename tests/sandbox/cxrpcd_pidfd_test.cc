@@ -1,0 +1,116 @@
+// cxrpcd's polls of the pidfds it keeps (registrations, attached processes, cached threads),
+// seen from inside: the supervisor is linked in and serves from a child of the test, and
+// poll(2) is interposed for this whole program (the executable's definition wins over
+// libc's), so a test can count the polls made over pidfds and make them fail the way only
+// the kernel otherwise does (ENOMEM).
+#include <gtest/gtest.h>
+#include <errno.h>
+#include <time.h>
+
+#include <atomic>
+
+#include "tests/sandbox/cxrpcd_client.h"
+
+extern "C" {
+#include "tools/cxrpcd/supervisor.h"
+}
+
+using namespace sbx;
+
+namespace {
+
+// Shared with the serving child (an anonymous shared mapping made before it is forked).
+struct PollState {
+  std::atomic<int> fail{0};          // nonzero: polls over pidfds fail with ENOMEM
+  std::atomic<long> pidfd_polls{0};  // polls over pidfds so far
+};
+
+PollState *g_polls;  // set in the serving child only
+volatile sig_atomic_t g_stop;
+
+bool is_pidfd(int fd) {
+  char path[64], name[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, name, sizeof name - 1);
+  if (n <= 0) return false;
+  name[n] = '\0';
+  return strstr(name, "pidfd") != nullptr;
+}
+
+void on_term(int) { g_stop = 1; }
+
+// A cxrpcd serving from a child of this process, polls counted in *ps: like
+// start_supervisor's (stop_supervisor stops it).
+bool serve_here(Supervisor *s, PollState *ps) {
+  char dir[] = "/tmp/cxrpcd-test-XXXXXX";
+  if (mkdtemp(dir) == NULL) return false;
+  s->sock = std::string(dir) + "/sock";
+  s->pid = fork();
+  if (s->pid < 0) return false;
+  if (s->pid == 0) {
+    g_polls = ps;
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa = {};
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, nullptr);
+    _exit(cxrpcd_serve(s->sock.c_str(), &g_stop) == 0 ? 0 : 1);
+  }
+  int c = cxr__cxrpcd_connect(s->sock.c_str(), 10000000000ll);  // bounded: 10 s
+  if (c < 0) return false;
+  close(c);
+  return true;
+}
+
+PollState *shared_poll_state() {
+  void *m = mmap(nullptr, sizeof(PollState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                 -1, 0);
+  return m == MAP_FAILED ? nullptr : new (m) PollState;
+}
+
+}  // namespace
+
+// glibc declares poll's array write-only (the kernel fills in revents), so reading fds[0].fd
+// here looks like a read of something uninitialized to the compiler.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+extern "C" int poll(struct pollfd *fds, nfds_t n, int timeout) {
+  if (g_polls && n > 0 && is_pidfd(fds[0].fd)) {
+    g_polls->pidfd_polls++;
+    if (g_polls->fail) {
+      errno = ENOMEM;
+      return -1;
+    }
+  }
+  struct timespec ts = {timeout / 1000, (timeout % 1000) * 1000000l};
+  return ppoll(fds, n, timeout < 0 ? nullptr : &ts, nullptr);
+}
+
+TEST(CxrpcdPidfd, AFailedPollKeepsTheRegistrationOfALiveProcess) {
+  // Whether a registration's process had exited was a poll of its pidfd, and a failed
+  // poll (ENOMEM) counted as an exit: the registration was dropped while its process
+  // lived, and with it every refusal its table made (here every raise in the window). Now
+  // it is kept, a warning logged, and asked again next time.
+  PollState *ps = shared_poll_state();
+  ASSERT_NE(ps, nullptr);
+  Supervisor sup;
+  ASSERT_TRUE(serve_here(&sup, ps));
+  cxr__seal_hdr *w = nullptr;
+  int table = window_holding_table(&w);
+  ASSERT_GE(table, 0);
+  Puppet p;
+  ASSERT_TRUE(spawn_puppet(sup, 0, table, &p));
+  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  EXPECT_EQ(puppet_do(&p, 'r'), -ENOMEM);  // no table yet: let through
+  int conn = -1;
+  ASSERT_EQ(request(sup, CXR__MSG_REGISTER, p.pid, 0, 0, table, &conn), 0);
+  EXPECT_EQ(puppet_do(&p, 'r'), -EPERM);
+  ps->fail = 1;  // each decision first drops the registrations of its pid that ended
+  EXPECT_EQ(puppet_do(&p, 'r'), -EPERM) << "a failed poll dropped the registration";
+  ps->fail = 0;
+  EXPECT_EQ(puppet_do(&p, 'r'), -EPERM) << "the registration is gone";
+  close(conn);
+  end_puppet(&p);
+  munmap(w, cxr__seal_bytes(4));
+  close(table);
+  stop_supervisor(&sup);
+  munmap(ps, sizeof *ps);
+}
