@@ -95,6 +95,8 @@ typedef struct sup {
   int nprocs;
   reg regs[MAX_REGS];
   int nregs;
+  struct pollfd rpf[MAX_REGS]; /* drop_gone_regs' poll: the pidfds of regs[ridx[k]] */
+  int ridx[MAX_REGS];
   struct { int64_t tid, tgid; int pidfd; } tcache[64]; /* used if tid > 0 */
   unsigned tnext;
   uint64_t allowed, refused;
@@ -210,17 +212,26 @@ static void drop_reg(sup *s, int r) {
  * names a pid, and used to last while its registrant's connection did: once the process
  * exited, the next one given its pid (any user's) was decided with the old one's tables
  * (its raises and unmaps refused wherever they said) and found its pid's places taken.
- * One we cannot tell about is kept and asked again next time: a failed poll used to count
- * as an exit, dropping the registration (and so its refusals) of a live process. */
+ * One poll over their pidfds: each REGISTER used to poll them one at a time (up to 1024
+ * syscalls a request). If it fails, every one is kept and asked again next time: a failed
+ * poll used to count as an exit, dropping the registration (and so its refusals) of a live
+ * process. */
 static void drop_gone_regs(sup *s, int64_t pid) {
-  for (int r = 0; r < s->nregs;) {
-    int e = pid < 0 || s->regs[r].pid == pid ? exited(s->regs[r].pidfd) : 0;
-    if (e < 0)
-      CXR_WARN("cxrpcd: cannot tell whether pid %lld has exited (%s); its registration is kept",
-               (long long)s->regs[r].pid, cxr_strerror(e));
-    if (e == 1) drop_reg(s, r);
-    else r++;
+  nfds_t n = 0;
+  for (int r = 0; r < s->nregs; r++)
+    if (pid < 0 || s->regs[r].pid == pid) {
+      s->rpf[n] = (struct pollfd){.fd = s->regs[r].pidfd, .events = POLLIN};
+      s->ridx[n++] = r;
+    }
+  if (n == 0) return;
+  if (poll(s->rpf, n, 0) < 0) {
+    CXR_WARN("cxrpcd: cannot tell whether %lu registrations' processes have exited (%s);"
+             " kept", (unsigned long)n, strerror(errno));
+    return;
   }
+  /* Downwards: drop_reg moves the last entry into the freed place, one already seen. */
+  for (nfds_t k = n; k-- > 0;)
+    if (s->rpf[k].revents) drop_reg(s, s->ridx[k]);
 }
 
 static void drop_client(sup *s, int i) {
