@@ -242,6 +242,42 @@ TEST(CxrpcdRegister, RegistrationsAreBoundedPerPidAndPerRegistrant) {
   stop_supervisor(&sup);
 }
 
+TEST(CxrpcdRegister, AConnectionWhoseRegistrationsEndedHoldsNoPlace) {
+  // A connection that registered once was marked for good as holding a registration: it was
+  // never closed for idling and never given up for its uid's new ones, though the process it
+  // registered for had ended. A uid whose connections all did so had its every new
+  // connection closed at once. Here the uid's share is 3 (cxrpcd at 144 descriptors): three
+  // connections register for one process, which exits, and a fourth is still served.
+  Supervisor sup;
+  ASSERT_TRUE(start_limited(&sup, 144, 144));
+  const int K = 3;
+  std::vector<int> tables;
+  std::vector<cxr__seal_hdr *> views(K);
+  for (int i = 0; i < K; i++) {
+    tables.push_back(fake_table(4, kTableSeals, &views[i]));
+    ASSERT_GE(tables[i], 0);
+  }
+  Puppet p;
+  ASSERT_TRUE(spawn_puppet(sup, 0, tables, &p));
+  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  int conns[K];
+  for (int i = 0; i < K; i++) {
+    conns[i] = cxr__cxrpcd_connect(sup.sock.c_str(), 2000000000ll);
+    ASSERT_GE(conns[i], 0);
+    ASSERT_EQ(register_on(conns[i], p.pid, tables[i]), 0) << i;
+  }
+  end_puppet(&p);
+  EXPECT_TRUE(stats_answer(sup)) << "a new connection was closed for three that hold nothing";
+  struct pollfd pf = {conns[0], POLLIN, 0};  // the oldest, given up for it
+  EXPECT_EQ(poll(&pf, 1, 2000), 1);
+  for (int i = 0; i < K; i++) {
+    close(conns[i]);
+    munmap(views[i], cxr__seal_bytes(4));
+    close(tables[i]);
+  }
+  stop_supervisor(&sup);
+}
+
 TEST(CxrpcdRegister, APidsTablesAreBoundedSoADecisionStaysCheap) {
   // A process registered its own largest table (2^20 records) 128 times for itself: each
   // of its raises then walked 2^27 records (~150 ms) while cxrpcd answered no one. Now a

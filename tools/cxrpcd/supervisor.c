@@ -83,8 +83,8 @@ typedef struct reg {
 typedef struct client {
   int fd;
   uid_t uid;
-  bool holds;       /* a registration lasts while this connection does */
-  int64_t deadline; /* its next request, or it is closed (unless it holds) */
+  int holds;        /* registrations it owns (each lasts while this connection does) */
+  int64_t deadline; /* its next request, or it is closed (unless it holds one) */
 } client;
 
 typedef struct sup {
@@ -139,7 +139,7 @@ static int exited(int pidfd) {
 static bool gone(int pidfd) { return exited(pidfd) != 0; }
 
 /* Alive, or cannot tell: for a place a live process holds (its attach). */
-static bool holds_on(int pidfd) { return exited(pidfd) != 1; }
+static bool maybe_alive(int pidfd) { return exited(pidfd) != 1; }
 
 /* The process of thread tid. A cached answer holds while the thread it was read for lives
  * (a pidfd of that thread): once it exits its tid can go to a thread of another process,
@@ -202,7 +202,13 @@ static bool is_listener(int fd) {
   return ioctl(fd, SECCOMP_IOCTL_NOTIF_ID_VALID, &bogus) != 0 && errno == ENOENT;
 }
 
+/* Its owner's count goes down with it: a connection whose registrations all ended is an idle
+ * one again (closed once 1 s has passed since its last request, the first its uid gives
+ * up). The count used to be a flag set for good, so such a connection was never closed and
+ * held one of its uid's places. */
 static void drop_reg(sup *s, int r) {
+  for (int i = 0; i < s->nclients; i++)
+    if (s->clients[i].fd == s->regs[r].owner) s->clients[i].holds--;
   munmap(s->regs[r].mem, s->regs[r].bytes);
   close(s->regs[r].pidfd);
   s->regs[r] = s->regs[--s->nregs];
@@ -275,10 +281,10 @@ static int on_attach(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd) {
     if (syscall(SYS_kcmp, getpid(), getpid(), KCMP_FILE, fd, s->procs[i].nfd) == 0) same = i;
   int mine = 0;
   for (int i = 0; i < s->nprocs; i++) {
-    if (s->procs[i].pid == m->pid && holds_on(s->procs[i].pidfd)) return CXR_EBUSY;
+    if (s->procs[i].pid == m->pid && maybe_alive(s->procs[i].pidfd)) return CXR_EBUSY;
     mine += s->procs[i].uid == cr.uid;
   }
-  if (same >= 0 && holds_on(s->procs[same].pidfd)) return CXR_EBUSY;
+  if (same >= 0 && maybe_alive(s->procs[same].pidfd)) return CXR_EBUSY;
   if (same < 0 && s->nprocs == s->max_procs) return CXR_EFULL;
   if (mine >= s->procs_per_uid && (same < 0 || s->procs[same].uid != cr.uid)) return CXR_EFULL;
   int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)m->pid, 0);
@@ -392,7 +398,7 @@ static void on_client(sup *s, int i) {
       break;
     case CXR__MSG_REGISTER:
       rc = on_register(s, cfd, &m, fd);
-      if (rc == 0) s->clients[i].holds = true;
+      if (rc == 0) s->clients[i].holds++;
       sent = reply(cfd, rc);
       break;
     case CXR__MSG_STATS: {
@@ -413,9 +419,25 @@ static void on_client(sup *s, int i) {
   s->clients[i].deadline = cxr_now_ns() + IDLE_NS;
 }
 
+/* The number of uid's connections, and in *oldest its oldest that holds no registration
+ * (-1: none). */
+static int count_of(const sup *s, uid_t uid, int *oldest) {
+  int n = 0;
+  *oldest = -1;
+  for (int i = 0; i < s->nclients; i++) {
+    if (s->clients[i].uid != uid) continue;
+    n++;
+    if (!s->clients[i].holds &&
+        (*oldest < 0 || s->clients[i].deadline < s->clients[*oldest].deadline))
+      *oldest = i;
+  }
+  return n;
+}
+
 /* A new connection. A uid at its bound gives up its own oldest connection that holds no
  * registration (a fresh client of a user is served; a user who opens many waits only on
- * itself), else the new one is closed. */
+ * itself), else the new one is closed. Registrations are dropped only when asked about, so
+ * when every one holds, those whose processes ended are dropped first. */
 static void on_accept(sup *s, int c) {
   struct ucred cr;
   socklen_t len = sizeof cr;
@@ -423,13 +445,10 @@ static void on_accept(sup *s, int c) {
     close(c);
     return;
   }
-  int n = 0, oldest = -1;
-  for (int i = 0; i < s->nclients; i++) {
-    if (s->clients[i].uid != cr.uid) continue;
-    n++;
-    if (!s->clients[i].holds &&
-        (oldest < 0 || s->clients[i].deadline < s->clients[oldest].deadline))
-      oldest = i;
+  int oldest, n = count_of(s, cr.uid, &oldest);
+  if (n >= s->clients_per_uid && oldest < 0) {
+    drop_gone_regs(s, -1);
+    n = count_of(s, cr.uid, &oldest);
   }
   if (n >= s->clients_per_uid) {
     if (oldest < 0) {
@@ -438,7 +457,7 @@ static void on_accept(sup *s, int c) {
     }
     drop_client(s, oldest);
   }
-  s->clients[s->nclients++] = (client){c, cr.uid, false, cxr_now_ns() + IDLE_NS};
+  s->clients[s->nclients++] = (client){c, cr.uid, 0, cxr_now_ns() + IDLE_NS};
 }
 
 /* Whether fd has something to read (or its peer hung up) now. */
