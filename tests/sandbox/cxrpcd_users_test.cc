@@ -412,3 +412,58 @@ TEST_F(CxrpcdUsers, ServeRefusesAFolderOthersCanReplaceItsSocketIn) {
   EXPECT_GE(c, 0) << "cxrpcd did not serve in a sticky folder of root's";
   if (c >= 0) close(c);
 }
+
+TEST_F(CxrpcdUsers, ServeRefusesAPathAnotherUserCanSwapAFolderOf) {
+  // `cxrpcd serve` checked only the socket's own folder: a folder of root's inside one of
+  // uid B's passed, though B can rename it away and put one of its own at its name (and the
+  // socket with it); so did a symlink whose target lies under B's folder. Now every folder
+  // up to "/" is checked, through symlinks; a root-owned path of sound folders, through a
+  // symlink too, is still served.
+  std::string sock = dir_of(kUidB);  // B's folder (0755)
+  ASSERT_FALSE(sock.empty());
+  std::string outer = sock.substr(0, sock.rfind('/'));
+  std::string inner = outer + "/root";  // root's, 0755, inside B's
+  ASSERT_EQ(mkdir(inner.c_str(), 0755), 0);
+  char links[] = "/tmp/cxrpcd-link-XXXXXX";  // root's, 0700
+  ASSERT_NE(mkdtemp(links), nullptr);
+  std::string to_inner = std::string(links) + "/in", to_sound = std::string(links) + "/ok";
+  char sound[] = "/tmp/cxrpcd-ok-XXXXXX";  // root's, 0700
+  ASSERT_NE(mkdtemp(sound), nullptr);
+  ASSERT_EQ(symlink(inner.c_str(), to_inner.c_str()), 0);
+  ASSERT_EQ(symlink("../../tmp/./", to_sound.c_str()), 0);  // relative: /tmp
+  int err = -1;
+  for (const std::string &path : {inner + "/s", to_inner + "/s"}) {
+    pid_t s = serve_at(path, &err);
+    ASSERT_GT(s, 0);
+    EXPECT_EQ(exit_within_5s(s), 1) << "cxrpcd served at " << path << " under uid " << kUidB
+                                    << "'s folder";
+    char msg[512] = {};
+    (void)!read(err, msg, sizeof msg - 1);
+    close(err);
+    EXPECT_NE(strstr(msg, outer.c_str()), nullptr) << msg;
+    unlink(path.c_str());
+  }
+  // A folder of root's open to all without the sticky bit, above a sound one, is refused too.
+  ASSERT_EQ(chown(outer.c_str(), 0, 0), 0);
+  ASSERT_EQ(chmod(outer.c_str(), 0777), 0);
+  pid_t s = serve_at(inner + "/s", &err);
+  ASSERT_GT(s, 0);
+  EXPECT_EQ(exit_within_5s(s), 1) << "cxrpcd served under a folder anyone may write";
+  close(err);
+  // Through a symlink to sound folders (/tmp: root's, sticky): served.
+  std::string ok = to_sound + std::string(sound).substr(4) + "/s";  // links/ok/cxrpcd-ok-*/s
+  sup.sock = ok;
+  sup.pid = serve_at(ok, &err);
+  ASSERT_GT(sup.pid, 0);
+  close(err);
+  int c = cxr__cxrpcd_connect(ok.c_str(), 10000000000ll);  // bounded: 10 s
+  EXPECT_GE(c, 0) << "cxrpcd did not serve at " << ok;
+  if (c >= 0) close(c);
+  stop_supervisor(&sup);  // unlinks the socket and removes its folder (through the link)
+  unlink(to_inner.c_str());
+  unlink(to_sound.c_str());
+  rmdir(links);
+  rmdir(sound);
+  rmdir(inner.c_str());
+  rmdir(outer.c_str());
+}

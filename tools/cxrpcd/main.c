@@ -3,8 +3,9 @@
  *
  *   cxrpcd serve [--socket PATH]              supervise (until SIGTERM/SIGINT); exits 1 if
  *                                             another cxrpcd answers at PATH, or if PATH's
- *                                             folder is another user's (not root's) or
- *                                             writable by others without the sticky bit
+ *                                             folder, or one above it, is another user's
+ *                                             (not root's) or writable by others without
+ *                                             the sticky bit
  *   cxrpcd run [--socket PATH] -- PROGRAM ... run PROGRAM under the enforcement filter
  *   cxrpcd stats [--socket PATH]              decisions so far (allowed, refused)
  *

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -565,34 +566,90 @@ static void on_notify(sup *s, int pi, struct seccomp_notif *req,
   seccomp_notify_respond(p->nfd, resp);
 }
 
-/* Whether the socket's directory is one only we (or root) decide what stands in: 0, or
- * CXR_EPERM (said on stderr). Its owner, or anyone who may write to it without the sticky
- * bit, can unlink our socket and bind another there; clients check the listener's uid
- * (SO_PEERCRED: root, theirs or $CXRPC_CXRPCD_UID), but ours would still be gone. Its
- * parents are not checked: one owned by another user can rename it (the pod root's parent,
- * /dev/shm, is root's and sticky). */
-static int check_dir(const char *path) {
-  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash) strcpy(dir, ".");
-  else slash[slash == dir] = '\0'; /* "/s": the folder is "/" */
-  struct stat st;
-  if (stat(dir, &st) != 0) {
-    fprintf(stderr, "cxrpcd: cannot check the folder %s: %s\n", dir, strerror(errno));
-    return cxr__from_errno(errno);
-  }
-  if (st.st_uid != 0 && st.st_uid != geteuid()) {
+/* Whether directory dir (st: its lstat) is one only we (or root) decide the entries of: 0,
+ * or CXR_EPERM (said on stderr). Its owner, or anyone who may write to it without the
+ * sticky bit, can rename or unlink what stands in it and put something else there. */
+static int dir_is_ours(const char *dir, const struct stat *st) {
+  if (st->st_uid != 0 && st->st_uid != geteuid()) {
     fprintf(stderr, "cxrpcd: the folder %s belongs to uid %u (neither root nor ours), who could"
-            " replace the socket; not starting\n", dir, (unsigned)st.st_uid);
+            " replace the socket or a folder on its path; not starting\n", dir,
+            (unsigned)st->st_uid);
     return CXR_EPERM;
   }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+  if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
     fprintf(stderr, "cxrpcd: the folder %s is writable by others without the sticky bit"
-            " (mode %04o); not starting\n", dir, (unsigned)(st.st_mode & 07777));
+            " (mode %04o); not starting\n", dir, (unsigned)(st->st_mode & 07777));
     return CXR_EPERM;
   }
   return 0;
+}
+
+/* The absolute path of the socket's directory, in dir (PATH_MAX bytes): 0 or CXR_E*. */
+static int folder_of(const char *path, char *dir) {
+  char cwd[PATH_MAX] = "";
+  if (path[0] != '/' && !getcwd(cwd, sizeof cwd)) return cxr__from_errno(errno);
+  if (snprintf(dir, PATH_MAX, "%s%s%s", cwd, cwd[0] ? "/" : "", path) >= PATH_MAX)
+    return CXR_ENAMETOOLONG;
+  *strrchr(dir, '/') = '\0'; /* "/s": "" (the walk checks "/" first) */
+  return 0;
+}
+
+/* Puts the symlink walk[0..end) names in its place, as the kernel's walk does: its target
+ * (from the folder it stands in, walk[0..start), if relative), then the rest of walk. */
+static int follow(char *walk, size_t start, size_t end) {
+  char link[PATH_MAX], target[PATH_MAX], rest[PATH_MAX];
+  snprintf(link, sizeof link, "%.*s", (int)end, walk);
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n < 0) return cxr__from_errno(errno);
+  target[n] = '\0';
+  snprintf(rest, sizeof rest, "%s", walk + end);
+  walk[target[0] == '/' ? 0 : start] = '\0';
+  size_t used = strlen(walk);
+  int len = snprintf(walk + used, PATH_MAX - used, "%s%s", target, rest);
+  return len < 0 || (size_t)len >= PATH_MAX - used ? CXR_ENAMETOOLONG : 0;
+}
+
+/* Checks "/" and then each folder walk names, from the top (dir_is_ours): 0, a CXR_E*, or
+ * 1 when walk[*start..*end) is a symlink (the folders above it passed). */
+static int check_walk(char *walk, size_t *start, size_t *end) {
+  struct stat st;
+  int rc = lstat("/", &st) == 0 ? dir_is_ours("/", &st) : cxr__from_errno(errno);
+  for (size_t at = 0; rc == 0; at = *end) {
+    *start = at + strspn(walk + at, "/");
+    *end = *start + strcspn(walk + *start, "/");
+    if (*end == *start) return 0;
+    char saved = walk[*end];
+    walk[*end] = '\0';
+    if (lstat(walk, &st) != 0) {
+      fprintf(stderr, "cxrpcd: cannot check the folder %s: %s\n", walk, strerror(errno));
+      rc = cxr__from_errno(errno);
+    } else {
+      rc = S_ISLNK(st.st_mode) ? 1 : S_ISDIR(st.st_mode) ? dir_is_ours(walk, &st) : CXR_ENOENT;
+    }
+    walk[*end] = saved;
+  }
+  return rc;
+}
+
+/* Whether the socket's directory, and every one above it up to "/", is one only we (or
+ * root) decide what stands in (dir_is_ours): 0, or a CXR_E* (said on stderr). Clients check
+ * the listener's uid (SO_PEERCRED: root, theirs or $CXRPC_CXRPCD_UID), but our socket would
+ * still be gone. Only the socket's own directory used to be checked: the owner of one above
+ * it could rename it away and put one of its own at its name. A symlink on the way is
+ * followed as the kernel does (the walk starts again at "/" with its target in its place, at
+ * most 40 times): the folder it stands in passed, and so must those its target names. */
+static int check_dir(const char *path) {
+  char walk[PATH_MAX];
+  size_t start = 0, end = 0;
+  int rc = folder_of(path, walk);
+  for (int links = 0; rc == 0 && (rc = check_walk(walk, &start, &end)) == 1; links++) {
+    if (links == 40) {
+      fprintf(stderr, "cxrpcd: too many symlinks on the path of %s\n", path);
+      return cxr__from_errno(ELOOP);
+    }
+    rc = follow(walk, start, end);
+  }
+  return rc;
 }
 
 /* Makes way for our socket at path: 0 if nothing is there or what is there is a socket no
