@@ -200,8 +200,8 @@ TEST(CxrpcdRegister, RegistrationsAreBoundedPerPidAndPerRegistrant) {
   // One process registered one table of its own for itself 1024 times on one connection:
   // the global table was full and every other server's registration refused (CXR_EFULL).
   // Now the same table is registered once per pid (CXR_EEXIST), a pid is named by at most
-  // 64 registrations and a registrant uid holds at most 256 (at whole tables: a low
-  // descriptor limit cuts them).
+  // 64 registrations of one registrant uid and a registrant uid holds at most 256 (at whole
+  // tables: a low descriptor limit cuts them).
   if (!can_give_whole_tables()) GTEST_SKIP() << "cannot give cxrpcd " << kWholeTables << " fds";
   Supervisor sup;
   ASSERT_TRUE(start_limited(&sup, kWholeTables, kWholeTables));

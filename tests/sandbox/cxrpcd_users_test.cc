@@ -467,3 +467,59 @@ TEST_F(CxrpcdUsers, ServeRefusesAPathAnotherUserCanSwapAFolderOf) {
   rmdir(inner.c_str());
   rmdir(outer.c_str());
 }
+
+TEST_F(CxrpcdUsers, OneUserAtAPidsBoundLeavesPlacesForThatPidToAnother) {
+  // A pid's 64 registrations were one bound for every registrant: one user that the process
+  // took tables from (uid B here) registered 64 for it, and every other server's
+  // registration for that process was refused (CXR_EFULL), so their sealed calls went
+  // unenforced. Now the bound is per registrant uid and pid: B's 65th is refused, and root,
+  // C and A each register 64 for the same process. Four times that is the pid's bound in all
+  // (its decisions walk every table): a fifth uid's is refused.
+  if (!can_give_whole_tables()) GTEST_SKIP() << "cannot give cxrpcd " << kWholeTables << " fds";
+  ASSERT_TRUE(serve(kWholeTables));
+  const int K = 4 * 64 + 2;  // B's 65, 64 each for root, C and A, one for a fifth uid
+  std::vector<int> tables;
+  std::vector<cxr__seal_hdr *> views(K);
+  for (int i = 0; i < K; i++) {
+    tables.push_back(fake_table(4, kTableSeals, &views[i]));
+    ASSERT_GE(tables[i], 0);
+  }
+  Puppet p;  // uid A's, mapping them all (as from several servers)
+  ASSERT_TRUE(spawn_puppet(sup, kUidA, tables, &p));
+  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  pid_t target = p.pid;
+  std::vector<pid_t> kids;
+  // uid registers tables[from, from + n) for target on one connection it keeps: how many
+  // were taken, and the last one's status.
+  auto register_as = [&](uid_t uid, int from, int n, int *v) {
+    kids.push_back(as_user(uid, io[1], [&](int out) {
+      int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+      int taken = 0, last = c;
+      for (int i = from; i < from + n && c >= 0; i++) {
+        last = register_on(c, target, tables[i]);
+        taken += last == 0;
+      }
+      put_int(out, taken);
+      put_int(out, last);
+    }));
+    return read_ints(io[0], v, 2);
+  };
+  int v[2] = {0, 0};
+  ASSERT_TRUE(register_as(kUidB, 0, 65, v));
+  EXPECT_EQ(v[0], 64) << "uid " << kUidB << "'s registrations for one pid";
+  EXPECT_EQ(v[1], CXR_EFULL) << "uid " << kUidB << "'s 65th for that pid";
+  ASSERT_TRUE(register_as(0, 65, 64, v));
+  EXPECT_EQ(v[0], 64) << "root's registrations: uid " << kUidB << " took the pid's bound";
+  ASSERT_TRUE(register_as(kUidC, 129, 64, v));
+  EXPECT_EQ(v[0], 64);
+  ASSERT_TRUE(register_as(kUidA, 193, 64, v));
+  EXPECT_EQ(v[0], 64);
+  ASSERT_TRUE(register_as(kUidC + 1, 257, 1, v));
+  EXPECT_EQ(v[1], CXR_EFULL) << "a fifth uid's registration past the pid's bound in all";
+  for (pid_t k : kids) end(k);
+  end_puppet(&p);
+  for (int i = 0; i < K; i++) {
+    munmap(views[i], cxr__seal_bytes(4));
+    close(tables[i]);
+  }
+}

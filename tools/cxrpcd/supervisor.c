@@ -48,14 +48,19 @@
 #define FD_RESERVE 96
 #define MAX_REGS 1024
 /* Registrations: a registrant uid (SO_PEERCRED) holds at most a quarter of them, as for
- * clients; a supervised pid is named by at most REGS_PER_PID, whose tables together are at
- * most two of the largest (2^21 records): each of its decisions walks them all, at about a
- * nanosecond a record, so a decision stays within a few ms. One process used to fill the
+ * clients. For one supervised pid, a registrant uid holds at most REGS_PER_PID, whose tables
+ * together are at most two of the largest (2^21 records), and all registrants together at
+ * most PID_SHARES times that: each of the pid's decisions walks all its tables, at about a
+ * nanosecond a record, so a decision stays within about 15 ms. One process used to fill the
  * whole table with one table of its own registered 1024 times (everyone else's then
  * CXR_EFULL), or make each of its decisions walk 2^27 records (~150 ms, cxrpcd answering no
- * one meanwhile). The same table (dev, ino) for the same pid is registered once. */
+ * one meanwhile). The pid's bound used to be one for all registrants: one user (any server
+ * the process took tables from) could take it all and have every other server's
+ * registration for that process refused; now it takes at most a quarter, as elsewhere. The
+ * same table (dev, ino) for the same pid is registered once. */
 #define REGS_PER_PID 64
 #define PID_TABLE_BYTES (2 * cxr__seal_bytes(CXR_SEAL_SLOTS_MAX))
+#define PID_SHARES 4
 /* A client's time to send its request: launchers and registrants send as soon as they
  * connect. Only a connection that holds a registration stays open without one. */
 #define IDLE_NS 1000000000ll
@@ -322,6 +327,29 @@ static bool maps_file(int64_t pid, dev_t dev, ino_t ino) {
   return found;
 }
 
+/* Whether uid may register for pid the table st describes: 0, CXR_EEXIST (that table is
+ * registered for pid) or CXR_EFULL (a bound is reached: see REGS_PER_PID). */
+static int reg_room(const sup *s, uid_t uid, int64_t pid, const struct stat *st) {
+  int by_uid = 0, by_pid = 0, by_both = 0;
+  size_t pid_bytes = (size_t)st->st_size, both_bytes = (size_t)st->st_size;
+  for (int r = 0; r < s->nregs; r++) {
+    const reg *g = &s->regs[r];
+    by_uid += g->uid == uid;
+    if (g->pid != pid) continue;
+    if (g->dev == (uint64_t)st->st_dev && g->ino == (uint64_t)st->st_ino) return CXR_EEXIST;
+    by_pid++;
+    pid_bytes += g->bytes;
+    if (g->uid != uid) continue;
+    by_both++;
+    both_bytes += g->bytes;
+  }
+  if (by_uid >= s->regs_per_uid || by_both >= REGS_PER_PID || both_bytes > PID_TABLE_BYTES)
+    return CXR_EFULL;
+  if (by_pid >= PID_SHARES * REGS_PER_PID || pid_bytes > PID_SHARES * PID_TABLE_BYTES)
+    return CXR_EFULL;
+  return 0;
+}
+
 /* Registers table fd for m->pid, the process pidfd names (taken before any check, and
  * alive after them: every check was then of that process, not of one given its pid). */
 static int add_reg(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd, int pidfd) {
@@ -337,18 +365,8 @@ static int add_reg(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd, int pidfd)
   if (rc) return rc;
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 26)) return CXR_ECORRUPT;
-  int by_uid = 0, by_pid = 0;
-  size_t pid_bytes = (size_t)st.st_size;
-  for (int r = 0; r < s->nregs; r++) {
-    const reg *g = &s->regs[r];
-    by_uid += g->uid == cr.uid;
-    if (g->pid != m->pid) continue;
-    if (g->dev == (uint64_t)st.st_dev && g->ino == (uint64_t)st.st_ino) return CXR_EEXIST;
-    by_pid++;
-    pid_bytes += g->bytes;
-  }
-  if (by_uid >= s->regs_per_uid || by_pid >= REGS_PER_PID || pid_bytes > PID_TABLE_BYTES)
-    return CXR_EFULL;
+  rc = reg_room(s, cr.uid, m->pid, &st);
+  if (rc) return rc;
   /* The sender took this table: it maps it (rpc's client maps its server's table before
    * its first sealed call, which is when the server registers). Anyone who could reach the
    * socket used to register a table of its own for any supervised pid, and cxrpcd then
