@@ -43,40 +43,61 @@ const char *cxr_invalid_str(int reason) {
  * thread that stays with the thread between validations, each clearing the part it uses.
  * A validation that never returns, as cxr_sandbox_run abandons one that faults on a peer's
  * page, then leaves nothing that the thread's next validation does not reuse or free, and
- * the block goes when the thread ends (a key destructor). A block above VSET_KEEP_BYTES is
+ * the block goes when the thread ends (thread_exit). A block above VSET_KEEP_BYTES is
  * given back at the end of a validation, so an idle thread keeps at most that much.
  * Validators never nest on a thread (they call nothing but the generated walk). */
 #define VSET_KEEP_BYTES ((size_t)1 << 20)
 
 static _Thread_local uintptr_t *vset_mem;
 static _Thread_local size_t vset_cap; /* entries of vset_mem */
-static pthread_once_t vset_once = PTHREAD_ONCE_INIT;
-static pthread_key_t vset_key;
-static bool vset_key_made;
 
-static void vset_thread_exit(void *mem) {
-  free(mem);
+/* The ancestor set of a _free walk (below): allocated at the thread's first _free. */
+static _Thread_local const void **free_anc;
+static _Thread_local uint16_t *free_anc_slot;
+static _Thread_local unsigned free_levels; /* levels free_anc holds; 0: not allocated */
+static _Thread_local bool free_anc_kept;   /* thread_exit will free it */
+
+/* One key for the blocks this file keeps per thread: its destructor frees them when the
+ * thread ends. Its value is only a non-NULL mark (a destructor runs for those alone). */
+static pthread_once_t thread_once = PTHREAD_ONCE_INIT;
+static pthread_key_t thread_key;
+static bool thread_key_made;
+
+static void free_anc_drop(void) {
+  free(free_anc);
+  free_anc = NULL;
+  free_anc_slot = NULL;
+  free_levels = 0;
+  free_anc_kept = false;
+}
+
+static void thread_exit(void *mark) {
+  (void)mark;
+  free(vset_mem);
   vset_mem = NULL;
   vset_cap = 0;
+  free_anc_drop();
 }
 
-static void vset_make_key(void) {
-  vset_key_made = pthread_key_create(&vset_key, vset_thread_exit) == 0;
+static void thread_make_key(void) {
+  thread_key_made = pthread_key_create(&thread_key, thread_exit) == 0;
 }
 
-/* Without a key nothing would free the block at thread exit: keep none between calls. */
-static size_t vset_keep_bytes(void) {
-  pthread_once(&vset_once, vset_make_key);
-  return vset_key_made ? VSET_KEEP_BYTES : 0;
+/* Whether thread_exit will free this thread's blocks; false if the key could not be made,
+ * and then nothing would: callers keep no block between calls. */
+static bool thread_exit_armed(void) {
+  pthread_once(&thread_once, thread_make_key);
+  return thread_key_made && pthread_setspecific(thread_key, &thread_key_made) == 0;
 }
+
+static size_t vset_keep_bytes(void) { return thread_exit_armed() ? VSET_KEEP_BYTES : 0; }
 
 /* Makes mem (cap entries, or NULL) the thread's block, freeing the one it replaces. */
 static void vset_adopt(uintptr_t *mem, size_t cap) {
   if (vset_mem != mem) free(vset_mem);
   vset_mem = mem;
   vset_cap = cap;
-  pthread_once(&vset_once, vset_make_key);
-  if (vset_key_made) pthread_setspecific(vset_key, mem);
+  if (mem) thread_exit_armed();
 }
 
 int cxr__v_begin(cxr__vctx *v, const cxr_range *r, const cxr_limits *lim) {
@@ -418,23 +439,60 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
 }
 
 /* The blocks a _free walk is inside of (its ancestors), a set of at most CXR__MAX_DEPTH:
- * open addressing at half load. Removal is last in, first out (cxr__free_leave), which
- * gives back the table as it was before that insertion, so clearing the slot is enough. */
-#define FREE_ANC_SLOTS (2 * CXR__MAX_DEPTH)
-static __thread const void *free_anc[FREE_ANC_SLOTS];
-static __thread uint16_t free_anc_slot[CXR__MAX_DEPTH]; /* the slot each level took */
-static __thread unsigned free_depth;
-static __thread uint64_t free_budget; /* bytes of blocks the top-level _free may still enter */
-static __thread uint64_t free_entered;  /* blocks entered by this thread (tests) */
+ * open addressing at half load, 2 * free_levels slots. Removal is last in, first out
+ * (cxr__free_leave), which gives back the table as it was before that insertion, so
+ * clearing the slot is enough. The table is allocated at a thread's first _free with room
+ * for FREE_LEVELS_MIN levels and doubled when a walk goes deeper (to CXR__MAX_DEPTH), so
+ * that a thread that never frees a message costs nothing: a static table was 72 KiB of TLS
+ * in every thread of every process linking cxrpc. It stays with the thread (thread_exit
+ * frees it), or goes at the end of each walk if there is no key to free it by. */
+#define FREE_LEVELS_MIN 64u
+_Static_assert((CXR__MAX_DEPTH & (CXR__MAX_DEPTH - 1)) == 0 && CXR__MAX_DEPTH >= FREE_LEVELS_MIN,
+               "the table's levels, FREE_LEVELS_MIN doubled up to CXR__MAX_DEPTH, are powers of 2");
+static _Thread_local unsigned free_depth;
+static _Thread_local uint64_t free_budget; /* bytes of blocks the top-level _free may enter */
+static _Thread_local uint64_t free_entered;  /* blocks entered by this thread (tests) */
 
 static uint64_t free_refused; /* walks cut short: logged at the 1st, 2nd, 4th... */
+static uint64_t free_nomem;   /* tables not allocated: logged likewise */
 
-/* The slot of p in free_anc, or of the empty slot where it would go. */
-static unsigned free_anc_find(const void *p) {
+/* The slot of p in anc (of nslots), or of the empty slot where it would go. */
+static unsigned free_anc_find(const void *const *anc, unsigned nslots, const void *p) {
   uint64_t x = (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
-  unsigned i = (unsigned)(x >> 40) % FREE_ANC_SLOTS;
-  while (free_anc[i] != NULL && free_anc[i] != p) i = (i + 1) % FREE_ANC_SLOTS;
+  unsigned i = (unsigned)(x >> 40) & (nslots - 1); /* nslots: a power of 2 */
+  while (anc[i] != NULL && anc[i] != p) i = (i + 1) & (nslots - 1);
   return i;
+}
+
+/* Room for one level more: the first table, or one of twice the levels holding the walk's
+ * ancestors. False (logged) when out of memory: the caller then enters nothing more. */
+static bool free_anc_grow(void) {
+  unsigned n = free_levels ? 2 * free_levels : FREE_LEVELS_MIN;
+  if (n > CXR__MAX_DEPTH) n = CXR__MAX_DEPTH;
+  const void **anc = calloc(1, 2 * (size_t)n * sizeof *anc + n * sizeof *free_anc_slot);
+  if (anc == NULL) {
+    if (cxr__log_due(__atomic_add_fetch(&free_nomem, 1, __ATOMIC_RELAXED)))
+      CXR_ERR("idl: a _free left a block %u level(s) down allocated: out of memory for its "
+              "walk's table of %u levels", free_depth, n);
+    return false;
+  }
+  uint16_t *slot = (uint16_t *)(anc + 2 * n);
+  for (unsigned l = 0; l < free_depth; l++) {
+    const void *p = free_anc[free_anc_slot[l]];
+    slot[l] = (uint16_t)free_anc_find(anc, 2 * n, p);
+    anc[slot[l]] = p;
+  }
+  if (free_levels == 0) free_anc_kept = thread_exit_armed();
+  free(free_anc);
+  free_anc = anc;
+  free_anc_slot = slot;
+  free_levels = n;
+  return true;
+}
+
+/* Gives the table back after a walk when no thread_exit would. */
+static void free_anc_done(void) {
+  if (free_depth == 0 && free_levels != 0 && !free_anc_kept) free_anc_drop();
 }
 
 /* Each block is entered once: it must still be allocated (a shared subtree met again was
@@ -445,13 +503,17 @@ static unsigned free_anc_find(const void *p) {
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size) {
   if (free_depth == 0) free_budget = cxr_heap_size(h);
   size_t usable = p != NULL && size != 0 ? cxr_heap_usable_size(h, p) : 0;
-  unsigned slot = usable ? free_anc_find(p) : 0;
+  if (usable != 0 && free_depth == free_levels && free_levels < CXR__MAX_DEPTH &&
+      !free_anc_grow())
+    return false;
+  unsigned slot = usable ? free_anc_find(free_anc, 2 * free_levels, p) : 0;
   if (usable == 0 || count > usable / size || usable > free_budget ||
       free_depth >= CXR__MAX_DEPTH || free_anc[slot] != NULL) {
     if (p != NULL && cxr__log_due(__atomic_add_fetch(&free_refused, 1, __ATOMIC_RELAXED)))
       CXR_WARN("idl: a _free left %llu item(s) at %p: not an allocated block of the heap "
                "(freed already: a shared subtree?), an ancestor (a cycle?) or past the walk's "
                "bounds (a graph rewritten by a peer?)", (unsigned long long)count, p);
+    free_anc_done();
     return false;
   }
   free_budget -= usable;
@@ -461,7 +523,10 @@ bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size) {
   return true;
 }
 
-void cxr__free_leave(void) { free_anc[free_anc_slot[--free_depth]] = NULL; }
+void cxr__free_leave(void) {
+  free_anc[free_anc_slot[--free_depth]] = NULL;
+  free_anc_done();
+}
 
 uint64_t cxr__free_entered(void) { return free_entered; }
 

@@ -210,7 +210,9 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
  * of, so each block is entered once (the work of a tree of the graph's distinct blocks,
  * however it is shared or cyclic); at most cxr_heap_size(h) bytes of blocks per top-level
  * _free and CXR__MAX_DEPTH levels; past that it frees no more (a leak in h, logged, not a
- * hang). A true enter is paired with cxr__free_leave, before the block is freed.
+ * hang). A true enter is paired with cxr__free_leave, before the block is freed. The
+ * walk's table of those blocks is allocated at the thread's first enter, freed at its exit;
+ * an enter that cannot allocate or grow it is false (logged).
  * cxr__free_entered: the blocks this thread entered so far (tests). */
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size);
 void cxr__free_leave(void);

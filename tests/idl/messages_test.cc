@@ -9,10 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <link.h>
+
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/idl/everything.cxr.h"
@@ -586,17 +589,36 @@ TEST_F(Msg, MethodIdsAreFnv1aOfTheFullName) {
   EXPECT_NE(cxrtest_Store_Put_ID, cxrtest_Admin_Ping_ID);
 }
 
+// A heap of its own for a _free test, and the bytes in use when it was made.
+struct ScratchHeap {
+  std::string name;
+  cxr_heap *h = nullptr;
+  size_t used0 = 0;
+  ScratchHeap(const char *tag, size_t size) {
+    name = std::string(tag) + "-" + std::to_string(getpid());
+    EXPECT_EQ(cxr_heap_create(&h, name.c_str(), size, nullptr), 0);
+    used0 = used();
+  }
+  ~ScratchHeap() {
+    cxr_heap_close(h);
+    cxr_heap_unlink(name.c_str());
+  }
+  size_t used() {
+    cxr_heap_stats st;
+    EXPECT_EQ(cxr_heap_get_stats(h, &st), 0);
+    return st.used;
+  }
+};
+
 // _free bounds its walk so that a graph a peer rewrote into shared subtrees cannot walk
 // 2^50 paths. That bound was 2^24 blocks and items per call, so a caller's own message with
 // a repeated field of more items than that stayed allocated in its heap (the whole field:
 // 256 MiB here, logged as "a graph rewritten by a peer?"). The walk now enters each block
 // once (docstore_count_test), and a tree is freed whole however many items it holds.
 TEST(Free, AMessageOfMoreThan2To24ItemsIsFreedWhole) {
-  std::string name = "idlbigfree-" + std::to_string(getpid());
-  cxr_heap *h = nullptr;
-  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 320u << 20, nullptr), 0);
-  cxr_heap_stats before, after;
-  ASSERT_EQ(cxr_heap_get_stats(h, &before), 0);
+  ScratchHeap sh("idlbigfree", 320u << 20);
+  cxr_heap *h = sh.h;
+  ASSERT_NE(h, nullptr);
   int64_t t0 = cxr_now_ns();
   Ev *m = cxrtest_Everything_new(h);
   ASSERT_NE(m, nullptr);
@@ -606,12 +628,76 @@ TEST(Free, AMessageOfMoreThan2To24ItemsIsFreedWhole) {
   m->must = cxrtest_Leaf_new(h);  // a block after the field: the walk goes on past it
   ASSERT_NE(m->must, nullptr);
   cxrtest_Everything_free(h, m);
-  ASSERT_EQ(cxr_heap_get_stats(h, &after), 0);
-  EXPECT_EQ(after.used, before.used) << "left allocated by _free";
+  EXPECT_EQ(sh.used(), sh.used0) << "left allocated by _free";
   printf("built and freed %llu items in %lld ms\n", (unsigned long long)n,
          (long long)((cxr_now_ns() - t0) / 1000000));
-  cxr_heap_close(h);
-  cxr_heap_unlink(name.c_str());
+}
+
+// The bytes of TLS (its PT_TLS segment) of the loaded object holding the code at addr: every
+// thread of a process that loads it gets that much, whether it uses it or not.
+size_t tls_bytes_of_object_at(const void *addr) {
+  struct q {
+    uintptr_t a;
+    size_t tls;
+    bool found;
+  } x = {(uintptr_t)addr, 0, false};
+  dl_iterate_phdr(
+      [](struct dl_phdr_info *info, size_t, void *arg) {
+        q *x = (q *)arg;
+        bool here = false;
+        size_t tls = 0;
+        for (int i = 0; i < info->dlpi_phnum; i++) {
+          const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+          uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (ph.p_type == PT_LOAD && x->a >= lo && x->a < lo + ph.p_memsz) here = true;
+          if (ph.p_type == PT_TLS) tls = ph.p_memsz;
+        }
+        if (!here) return 0;
+        x->tls = tls, x->found = true;
+        return 1;
+      },
+      &x);
+  EXPECT_TRUE(x.found);
+  return x.tls;
+}
+
+// A _free's set of the blocks it is inside of was a static thread-local table of
+// CXR__MAX_DEPTH levels (72 KiB), so every thread of every process linking cxrpc carried it
+// (73776 bytes of PT_TLS in the idl library), freeing or not. It is allocated at a thread's
+// first _free now, and freed at its exit.
+TEST(Free, AThreadThatNeverFreesCarriesNoWalkTable) {
+  size_t tls = tls_bytes_of_object_at((const void *)&cxr__free_enter);
+  EXPECT_LT(tls, 1024u) << "bytes of TLS in each thread for the idl runtime";
+}
+
+// Threads that each free messages nested deeper than the table's first size (it grows)
+// free them whole; under ASan, LeakSanitizer finds any table a thread's exit left behind.
+TEST(Free, ManyThreadsFreeNestedMessagesWhole) {
+  ScratchHeap sh("idlthrfree", 16u << 20);
+  cxr_heap *h = sh.h;
+  ASSERT_NE(h, nullptr);
+  const int kThreads = 6, kRounds = 3, kLevels = 300;  // 300 > 64, 128 and 256 levels
+  std::vector<uint64_t> entered(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; t++)
+    ts.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; r++) {
+        Ev *m = cxrtest_Everything_new(h);
+        if (!m || cxr_str_setz(h, &m->name, "nested")) return;
+        cxrtest_Everything_Inner **in = &m->inner;
+        for (int l = 0; l < kLevels && (*in = cxrtest_Everything_Inner_new(h)); l++) {
+          if (CXR_VEC_ALLOC(h, (*in)->notes, 1)) cxr_str_setz(h, &(*in)->notes.items[0], "n");
+          in = &(*in)->child;
+        }
+        uint64_t e0 = cxr__free_entered();
+        cxrtest_Everything_free(h, m);
+        entered[t] += cxr__free_entered() - e0;
+      }
+    });
+  for (auto &t : ts) t.join();
+  for (int t = 0; t < kThreads; t++)
+    EXPECT_EQ(entered[t], kRounds * (1 + 2 * kLevels)) << "thread " << t;
+  EXPECT_EQ(sh.used(), sh.used0) << "left allocated by _free";
 }
 
 TEST(Generated, HeaderCarriesProtoComments) {
