@@ -530,12 +530,13 @@ void cxr__free_leave(void) {
 
 uint64_t cxr__free_entered(void) { return free_entered; }
 
-/* Each pointer and the count read once (the graph may be a peer's to change). */
+/* Each pointer and the count read once (the graph may be a peer's to change). The strings
+ * are leaves that other fields may name too (cxr__heap_free_shared). */
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a) {
   cxr_str *items = CXR__LOAD(&a->items);
   uint64_t count = CXR__LOAD(&a->count);
   if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
-  for (uint64_t i = 0; i < count; i++) cxr_heap_free(h, (void *)CXR__LOAD(&items[i].ptr));
+  for (uint64_t i = 0; i < count; i++) cxr__heap_free_shared(h, (void *)CXR__LOAD(&items[i].ptr));
   cxr__free_leave();
   cxr_heap_free(h, items);
 }
@@ -544,7 +545,7 @@ void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a) {
   cxr_bytes *items = CXR__LOAD(&a->items);
   uint64_t count = CXR__LOAD(&a->count);
   if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
-  for (uint64_t i = 0; i < count; i++) cxr_heap_free(h, (void *)CXR__LOAD(&items[i].ptr));
+  for (uint64_t i = 0; i < count; i++) cxr__heap_free_shared(h, (void *)CXR__LOAD(&items[i].ptr));
   cxr__free_leave();
   cxr_heap_free(h, items);
 }

@@ -377,7 +377,9 @@ static uint64_t bad_frees;
     if (cxr__log_due(__atomic_add_fetch(&bad_frees, 1, __ATOMIC_RELAXED))) CXR_ERR(__VA_ARGS__); \
   } while (0)
 
-void cxr_heap_free(cxr_heap *h, void *p) {
+/* shared: p may have been freed already through another reference (cxr__heap_free_shared):
+ * then a p inside the heap that is no allocated block is left without a log or an error. */
+static void heap_free(cxr_heap *h, void *p, bool shared) {
   if (p == NULL) return;
   int rc = cxr__heap_ready(h);
   if (rc) {
@@ -386,6 +388,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   }
   found f;
   if (find_ptr(h, p, &f) != 0) {
+    if (shared && cxr_heap_contains(h, p, 1)) return;
     BAD_FREE("heap %.*s: free of %p, not an allocation of this heap", CXR__HDR_NAME(h->hdr), p);
     cxr__set_error(CXR_EBADPTR);
     return;
@@ -406,7 +409,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
                 "the run as it is", CXR__HDR_NAME(h->hdr), p, cxr__pm_npages(w0));
         cxr__set_error(CXR_ECORRUPT);
       }
-    } else {
+    } else if (!shared) {
       BAD_FREE("heap %.*s: double free of pages at %p", CXR__HDR_NAME(h->hdr), p);
       cxr__set_error(CXR_EINVAL);
     }
@@ -418,6 +421,7 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   uint64_t nt = cxr__tag(CXR_BLK_CACHED, c, h->slot, h->gen);
   for (;;) {
     if (cxr__tag_state(t) != CXR_BLK_ALLOC || cxr__tag_class(t) != c) {
+      if (shared) return;
       BAD_FREE("heap %.*s: free of %p: not allocated (double free?)", CXR__HDR_NAME(h->hdr), p);
       cxr__set_error(CXR_EINVAL);
       return;
@@ -448,6 +452,10 @@ void cxr_heap_free(cxr_heap *h, void *p) {
   tc->b[c][tc->n[c]++] = f.blk;
   tc->frees++;
 }
+
+void cxr_heap_free(cxr_heap *h, void *p) { heap_free(h, p, false); }
+
+void cxr__heap_free_shared(cxr_heap *h, void *p) { heap_free(h, p, true); }
 
 size_t cxr_heap_usable_size(const cxr_heap *h, const void *p) {
   if (cxr__heap_check(h) != 0 || p == NULL) return 0;

@@ -68,6 +68,10 @@ void *cxr_heap_alloc_pages(cxr_heap *h, size_t size);           /* page-aligned,
 void *cxr_heap_realloc(cxr_heap *h, void *p, size_t size);
 void cxr_heap_free(cxr_heap *h, void *p);                        /* NULL is a no-op */
 size_t cxr_heap_usable_size(const cxr_heap *h, const void *p);
+/* Internal (idl's _free): cxr_heap_free of a block other references may have freed before
+ * (string bodies and arrays two fields share): p inside the heap that is no allocated block
+ * is left without a log or an error; p outside it is logged as by cxr_heap_free. */
+void cxr__heap_free_shared(cxr_heap *h, void *p);
 /* Transfers ownership of a block to the calling process (so it survives its allocator). */
 int cxr_heap_adopt(cxr_heap *h, void *p);
 

@@ -80,9 +80,13 @@ static void copy_repeated(gen_buf *c, const gm_field *x) {
 
 /* ---- free: releases what a value owns ---- */
 
+/* String and bytes bodies and scalar arrays are freed with cxr__heap_free_shared: nothing
+ * is read through them, so they are not entered (cxr__free_enter), and two fields may name
+ * one (validation allows it): the second free finds it free and leaves it, unlogged. */
+
 static void free_value(gen_buf *c, const gm_field *x, const char *e, const char *ind) {
   if (x->kind == GK_STRING || x->kind == GK_BYTES)
-    gb_printf(c, "%scxr_heap_free(h, (void *)%s.ptr);\n", ind, e);
+    gb_printf(c, "%scxr__heap_free_shared(h, (void *)%s.ptr);\n", ind, e);
   else if (x->kind == GK_MESSAGE)
     gb_printf(c, "%s%s_free(h, %s);\n", ind, x->msg->cname, e);
 }
@@ -102,7 +106,7 @@ static void free_repeated(gen_buf *c, const gm_field *x) {
               "      cxr__free_leave();\n      cxr_heap_free(h, it);\n    }\n  }\n",
               x->msg->cname, n, n, x->msg->cname);
   else
-    gb_printf(c, "  cxr_heap_free(h, m->%s.items);\n", n);
+    gb_printf(c, "  cxr__heap_free_shared(h, m->%s.items);\n", n);
 }
 
 /* ---- equality ---- */

@@ -16,6 +16,7 @@
 #include <cxrpc/shm.h>
 
 #include "shm/layout.h"
+#include "shm/log.h" /* cxr__set_error */
 #include "shm/sync.h"
 #include "tests/shm/util.h"
 
@@ -717,4 +718,36 @@ TEST(Errors, AHeaderThatGrewPastTheRegistrysSizeIsRefused) {
   if (b) cxr_heap_close(b);
   EXPECT_EQ(cxr_heap_unlink(na.c_str()), 0);
   EXPECT_EQ(cxr_heap_unlink(nb.c_str()), 0);
+}
+
+// cxr__heap_free_shared (an idl _free's string bodies and arrays, which two fields may
+// name): a block freed already, slab or page run, is left without a log line or an error;
+// a pointer outside the heap is still refused as by cxr_heap_free.
+TEST(Errors, ASharedFreeOfAFreedBlockIsQuietAndOfAForeignPointerRefused) {
+  std::string name = uniq("sharedfree");
+  cxr_heap *h = nullptr;
+  ASSERT_EQ(cxr_heap_create(&h, name.c_str(), 1 << 20, nullptr), 0);
+  cxr_heap_stats st0, st1;
+  ASSERT_EQ(cxr_heap_get_stats(h, &st0), 0);
+  void *small = cxr_heap_alloc(h, 40), *run = cxr_heap_alloc(h, 3 * CXR_SMALL_MAX);
+  ASSERT_NE(small, nullptr);
+  ASSERT_NE(run, nullptr);
+  testing::internal::CaptureStderr();
+  cxr__set_error(0);
+  for (int i = 0; i < 2; i++) {
+    cxr__heap_free_shared(h, small);
+    cxr__heap_free_shared(h, run);
+  }
+  int err = cxr_last_error();
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, 0) << cxr_strerror(err);
+  EXPECT_EQ(log, "");
+  ASSERT_EQ(cxr_heap_get_stats(h, &st1), 0);
+  EXPECT_EQ(st1.frees - st0.frees, 2u);
+  EXPECT_EQ(st1.used, st0.used);
+  int outside = 0;
+  cxr__heap_free_shared(h, &outside);
+  EXPECT_EQ(cxr_last_error(), CXR_EBADPTR);
+  cxr_heap_close(h);
+  EXPECT_EQ(cxr_heap_unlink(name.c_str()), 0);
 }
