@@ -236,6 +236,9 @@ static inline ucp_request_param_t cxr__op_param(rdma_op *op) {
 /* 0, the op's error, or CXR_ETIMEDOUT (then the op belongs to its callback). */
 int cxr__op_wait(cxr_rdma *r, ucs_status_ptr_t p, rdma_op *op, int64_t deadline_ns);
 int64_t cxr__deadline(int64_t deadline_ns);
+/* $CXRPC_REMOTE_HEAP_MB (1 to 65536, default 64) in bytes: rpc's remote client heap, which
+ * also sizes the default msg_max; read here once for both (a bad value: a warning). */
+size_t cxr__remote_heap_bytes(void);
 void cxr__wake(cxr_rdma *r);
 /* cxr_rdma_reply for any id 1-255: the engine's own replies (ids below 16) go through it.
  * `owned` (or NULL; may hold data iov points to) is freed once UCX no longer needs it, also

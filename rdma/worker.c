@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "rdma/internal.h"
+#include "shm/env.h"
 
 int cxr__rdma_status(ucs_status_t s) {
   switch (s) {
@@ -36,16 +37,18 @@ int cxr__rdma_status(ucs_status_t s) {
 int64_t cxr__deadline(int64_t d) { return d > 0 ? d : cxr_now_ns() + 2000000000; }
 
 /* A size from the environment: a number (decimal, or 0x hexadecimal) with an optional k, M
- * or G suffix; *v is left alone when the variable is unset or parses to 0. */
+ * or G suffix, at least 1; *v is left alone when the variable is unset, and when it is bad
+ * (with a warning: cxr__env_bytes). */
 static void env_size(const char *name, size_t *v) {
-  const char *b = getenv(name);
-  if (b == NULL || !*b) return;
-  char *end;
-  unsigned long long n = strtoull(b, &end, 0);
-  if (*end == 'k' || *end == 'K') n <<= 10;
-  else if (*end == 'm' || *end == 'M') n <<= 20;
-  else if (*end == 'g' || *end == 'G') n <<= 30;
-  if (n > 0) *v = (size_t)n;
+  uint64_t n;
+  cxr__env_bytes(name, *v, 1, SIZE_MAX, &n);
+  *v = (size_t)n;
+}
+
+size_t cxr__remote_heap_bytes(void) {
+  uint64_t mb;
+  cxr__env_u64("CXRPC_REMOTE_HEAP_MB", 64, 1, 65536, &mb);
+  return (size_t)mb << 20;
 }
 
 /* The default bound on one received message's data. A remote call ships its argument graph
@@ -54,10 +57,8 @@ static void env_size(const char *name, size_t *v) {
  * so a heap above 1 GiB raises the default to that heap + 2 MiB. */
 static size_t msg_max_default(void) {
   size_t v = (size_t)1 << 30;
-  const char *h = getenv("CXRPC_REMOTE_HEAP_MB");
-  unsigned long mb = h && *h ? strtoul(h, NULL, 10) : 0;
-  if (mb >= 1 && mb <= 65536 && ((size_t)mb << 20) + (2u << 20) > v)
-    v = ((size_t)mb << 20) + (2u << 20);
+  size_t heap = cxr__remote_heap_bytes();
+  if (heap + (2u << 20) > v) v = heap + (2u << 20);
   env_size("CXRPC_RDMA_MSG_MAX", &v);
   return v;
 }

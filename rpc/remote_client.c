@@ -390,12 +390,6 @@ static void abandon_open(struct cxr__rconn *x) {
                     cxr_strerror(rc));
 }
 
-static size_t remote_heap_size(void) {
-  const char *s = getenv("CXRPC_REMOTE_HEAP_MB");
-  unsigned long mb = s && *s ? strtoul(s, NULL, 10) : 0;
-  return (mb >= 1 && mb <= 65536 ? mb : 64) << 20;
-}
-
 int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts *o) {
   char host[80], chan[CXR__CHAN_NAME_MAX + 1];
   int rc = cxr__rem_parse_target(target, host, sizeof host, chan, sizeof chan);
@@ -430,8 +424,10 @@ int cxr__remote_connect(cxr_conn **out, const char *target, const cxr_conn_opts 
     goto fail;
   }
   /* Our connection heap: an empty one left by an earlier connection, or a new one. */
-  c->heap = cxr__rem_spare_take(&client_spares, remote_heap_size());
-  if (c->heap == NULL && (rc = cxr__rem_heap_new(&c->heap, "rc", chan, remote_heap_size())) != 0) goto fail;
+  size_t heap_size = cxr__remote_heap_bytes();
+  c->heap = cxr__rem_spare_take(&client_spares, heap_size);
+  if (c->heap == NULL && (rc = cxr__rem_heap_new(&c->heap, "rc", chan, heap_size)) != 0)
+    goto fail;
   x->hc_addr = (uintptr_t)cxr_heap_base(c->heap);
   x->hc_size = cxr_heap_size(c->heap);
 

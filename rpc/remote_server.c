@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "rpc/remote_int.h"
+#include "shm/env.h"
 
 typedef struct rres {
   uint64_t root;
@@ -266,10 +267,8 @@ static void reply_open(cxr_rdma_msg *m, int st, uint64_t token, uint64_t id, cxr
  * names its heap's range in its OPEN; without a bound one could name terabytes, and land
  * data at ever new offsets of that private memory (a review, 2026-11-28). */
 static size_t replica_budget(void) {
-  const char *s = getenv("CXRPC_REMOTE_REPLICA_MB");
-  char *end = NULL;
-  unsigned long long mb = s && *s ? strtoull(s, &end, 10) : 0;
-  if (mb == 0 || *end != '\0' || mb > (1ull << 24)) mb = 65536; /* at most 16 TiB */
+  uint64_t mb; /* at most 16 TiB */
+  cxr__env_u64("CXRPC_REMOTE_REPLICA_MB", 65536, 1, 1ull << 24, &mb);
   return (size_t)mb << 20;
 }
 

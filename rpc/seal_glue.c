@@ -26,6 +26,7 @@
 #include "rpc/seal_glue.h"
 #include "rpc/seal_helper.h"
 #include "sandbox/internal.h"
+#include "shm/env.h"
 #include "shm/log.h"
 
 #define TABLE_SLOTS 1024u
@@ -223,15 +224,14 @@ int cxr_call_check_sealed(cxr_call *call, const void *p, size_t len) {
 
 /* ---- client ---- */
 
-/* $CXRPC_SEAL_BATCH, clamped to what a table takes (a larger one made every sealed call of
- * the connection fail with CXR_EINVAL); the default when unset or not a positive number. */
+/* $CXRPC_SEAL_BATCH, 1 to what a table takes (a larger one made every sealed call of the
+ * connection fail with CXR_EINVAL); else the default, with a warning. */
 static unsigned batch_from_env(void) {
   cxr_seal_opts o;
   cxr_seal_opts_init(&o);
-  const char *b = getenv("CXRPC_SEAL_BATCH");
-  long long v = b ? atoll(b) : 0;
-  if (v <= 0) return o.release_batch;
-  return v > CXR_SEAL_SLOTS_MAX ? CXR_SEAL_SLOTS_MAX : (unsigned)v;
+  uint64_t v;
+  cxr__env_u64("CXRPC_SEAL_BATCH", o.release_batch, 1, CXR_SEAL_SLOTS_MAX, &v);
+  return (unsigned)v;
 }
 
 static int cli_attach(cxr_conn *c, cxr__seal_cli *k) {

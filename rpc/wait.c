@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "rpc/internal.h"
+#include "shm/env.h"
 
 void cxr__bell_ring(uint32_t *futex, uint32_t *sleepers) {
   /* A read-modify-write of the sleepers word (not a fence, which TSan cannot model) orders
@@ -44,21 +45,14 @@ void cxr__bell_after_push(uint32_t *futex, uint32_t *sleepers) {
   }
 }
 
-static int64_t env_ns(const char *name, int64_t dflt, int64_t max) {
-  const char *s = getenv(name);
-  if (s == NULL || *s == '\0') return dflt;
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  if (*end != '\0' || v < 0) return dflt;
-  return v > max ? max : v;
-}
-
 /* A tunable read once (the first caller reads the environment; racing first callers read
  * the same value). */
 static int64_t env_ns_once(int64_t *cache, const char *name, int64_t dflt, int64_t max) {
   int64_t x = __atomic_load_n(cache, __ATOMIC_RELAXED);
   if (x < 0) {
-    x = env_ns(name, dflt, max);
+    uint64_t v;
+    cxr__env_u64(name, (uint64_t)dflt, 0, (uint64_t)max, &v);
+    x = (int64_t)v;
     __atomic_store_n(cache, x, __ATOMIC_RELAXED);
   }
   return x;

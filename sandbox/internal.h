@@ -23,13 +23,13 @@ extern "C" {
 #endif
 
 /* ---- the address window (same parsing and defaults as shm's cxr_init) ---- */
-/* $CXRPC_WINDOW ("0xLO-0xHI") or [0x6000_0000_0000, 0x7000_0000_0000). */
+/* $CXRPC_WINDOW ("0xLO-0xHI", cxr__parse_window) or [0x6000_0000_0000, 0x7000_0000_0000);
+ * a bad one is warned about and the default used. */
 int cxr__sbx_window(uintptr_t *base, size_t *size);
 /* Fault containment's set-up: the process's SIGSEGV/SIGBUS handlers (once) and this thread's
  * alternate signal stack. cxr_sandbox_run does it on first use; cxr_sandbox_restrict_thread
  * does it before its filter forbids sigaction. 0 or CXR_EIO/CXR_ENOMEM. */
 int cxr__sandbox_prepare(void);
-int cxr__sbx_parse_window(const char *s, uintptr_t *base, size_t *size);
 
 /* ---- the seal table in shared memory (written only by the receiver) ---- */
 #define CXR__SEAL_MAGIC 0x4c41455352584321ull /* "!CXRSEAL" */

@@ -12,6 +12,7 @@
 #include <cxrpc/shm.h>
 
 #include "sandbox/internal.h"
+#include "shm/env.h"
 #include "shm/log.h"
 
 int cxr__msg_send(int sock, const cxr__cxrpcd_msg *m, int fd) {
@@ -128,10 +129,8 @@ static int check_listener(int s, const char *path) {
   if (cr.uid == 0 || cr.uid == geteuid()) return 0;
   const char *e = getenv("CXRPC_CXRPCD_UID");
   if (e && *e) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(e, &end, 10);
-    if (errno || *end != '\0' || *e == '-' || v != (uid_t)v) {
+    uint64_t v; /* refused, not defaulted: it widens whom we trust */
+    if (cxr__parse_u64(e, false, &v) != 0 || v != (uid_t)v) {
       CXR_ERR("CXRPC_CXRPCD_UID=%s: expected a uid", e);
       return CXR_EINVAL;
     }

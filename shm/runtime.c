@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "shm/env.h"
 #include "shm/internal.h"
 #include "shm/reg_deadline.h"
 
@@ -83,9 +84,9 @@ int64_t cxr__lease_ns(void) {
   static _Atomic int64_t lease; /* read once; racing first readers compute the same value */
   int64_t l = atomic_load_explicit(&lease, memory_order_relaxed);
   if (l == 0) {
-    const char *s = getenv("CXRPC_LEASE_MS");
-    long ms = s ? strtol(s, NULL, 10) : 0;
-    l = (ms > 0 ? ms : 10000) * 1000000ll;
+    uint64_t ms; /* at most a day: a bound, and no overflow in ns */
+    cxr__env_u64("CXRPC_LEASE_MS", 10000, 1, 86400000, &ms);
+    l = (int64_t)ms * 1000000;
     atomic_store_explicit(&lease, l, memory_order_relaxed);
   }
   return l;
@@ -110,18 +111,6 @@ void cxr_init_opts_init(cxr_init_opts *o) {
   if (o == NULL) return;
   memset(o, 0, sizeof *o);
   o->pod = CXR_POD_DEFAULT;
-}
-
-static int parse_window(const char *s, uintptr_t *base, size_t *size) {
-  char *end;
-  errno = 0;
-  unsigned long long lo = strtoull(s, &end, 0);
-  if (errno || *end != '-') return CXR_EINVAL;
-  unsigned long long hi = strtoull(end + 1, &end, 0);
-  if (errno || *end != '\0' || hi <= lo) return CXR_EINVAL;
-  *base = (uintptr_t)lo;
-  *size = (size_t)(hi - lo);
-  return 0;
 }
 
 /* Root: must exist (the default one is created), be a folder, and take a new file. As root,
@@ -181,8 +170,8 @@ int cxr_init(const cxr_init_opts *o) {
     wbase = o->window_base;
     if (o->window_size) wsize = o->window_size;
   } else if (w && *w) {
-    if (parse_window(w, &wbase, &wsize) != 0) {
-      CXR_ERR("CXRPC_WINDOW=%s: expected 0xLO-0xHI", w);
+    if (cxr__parse_window(w, &wbase, &wsize) != 0) {
+      CXR_ERR("CXRPC_WINDOW=%s: expected 0xLO-0xHI, 2 MiB aligned, below 0x800000000000", w);
       return CXR_EINVAL;
     }
   }
@@ -192,10 +181,8 @@ int cxr_init(const cxr_init_opts *o) {
   if (o && o->pod != CXR_POD_DEFAULT) {
     pod = o->pod; /* 0 included: a process may name pod 0 whatever the environment says */
   } else if (ps && *ps) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(ps, &end, 0);
-    if (errno || *end != '\0' || *ps == '-' || v >= CXR_POD_DEFAULT) {
+    uint64_t v; /* refused, not defaulted: pod 0 by mistake would share another's slice */
+    if (cxr__parse_u64(ps, false, &v) != 0 || v >= CXR_POD_DEFAULT) {
       CXR_ERR("CXRPC_POD=%s: expected a slice number", ps);
       return CXR_EINVAL;
     }

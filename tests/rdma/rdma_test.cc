@@ -1061,4 +1061,25 @@ TEST(Rdma, DevicesReportNoneHereWithoutFailing) {
   EXPECT_EQ(cxr_rdma_devices(nullptr, 4, &n, why, sizeof why), CXR_EINVAL);
 }
 
+TEST(RdmaOpts, ABadSizeInTheEnvironmentKeepsTheDefaultAndIsWarnedAbout) {
+  // CXRPC_RDMA_MSG_MAX=2x was 2 bytes (strtoull without an end check): every message with
+  // data was refused. Now a bad size keeps the default (1 GiB here) with one warning; a
+  // good one with a suffix is used.
+  unsetenv("CXRPC_REMOTE_HEAP_MB");
+  setenv("CXRPC_RDMA_MSG_MAX", "2x", 1);
+  cxr_rdma_opts o;
+  int level = cxr_log_level();
+  cxr_log_set_level(CXR_LOG_WARN);
+  testing::internal::CaptureStderr();
+  cxr_rdma_opts_init(&o);
+  std::string err = testing::internal::GetCapturedStderr();
+  cxr_log_set_level(level);
+  EXPECT_EQ(o.msg_max, (size_t)1 << 30);
+  EXPECT_NE(err.find("CXRPC_RDMA_MSG_MAX=2x:"), std::string::npos) << err;
+  setenv("CXRPC_RDMA_MSG_MAX", "3M", 1);
+  cxr_rdma_opts_init(&o);
+  EXPECT_EQ(o.msg_max, (size_t)3 << 20);
+  unsetenv("CXRPC_RDMA_MSG_MAX");
+}
+
 }  // namespace

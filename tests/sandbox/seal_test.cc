@@ -448,3 +448,30 @@ TEST_F(SealOneProcess, AnIdNeverComesBackToTheLastOneCheckedOnItsSlot) {
   EXPECT_EQ(same, 0);
   EXPECT_EQ(released, 0) << "a seal the receiver never checked was released";
 }
+
+TEST(SandboxWindow, AWindowCxrInitRefusesIsNotTakenButWarnedAbout) {
+  // The sandbox had its own twin of shm's window parser: it took a page-aligned window that
+  // cxr_init refuses (2 MiB alignment), so the launcher allowed one window and the program
+  // used another; junk fell back to the default without a word. One parser now
+  // (cxr__parse_window): such a window gives the default and a warning.
+  const char *was = getenv("CXRPC_WINDOW");
+  std::string saved = was ? was : "";
+  setenv("CXRPC_WINDOW", "0x600000001000-0x700000000000", 1);
+  uintptr_t base = 0;
+  size_t size = 0;
+  int level = cxr_log_level();
+  cxr_log_set_level(CXR_LOG_WARN);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(cxr__sbx_window(&base, &size), 0);
+  std::string err = testing::internal::GetCapturedStderr();
+  cxr_log_set_level(level);
+  EXPECT_EQ(base, 0x600000000000u);
+  EXPECT_EQ(size, 0x100000000000u);
+  EXPECT_NE(err.find("CXRPC_WINDOW=0x600000001000-0x700000000000:"), std::string::npos) << err;
+  setenv("CXRPC_WINDOW", "0x650000000000-0x700000000000", 1);
+  EXPECT_EQ(cxr__sbx_window(&base, &size), 0);
+  EXPECT_EQ(base, 0x650000000000u);
+  EXPECT_EQ(size, 0xb0000000000u);
+  if (was) setenv("CXRPC_WINDOW", saved.c_str(), 1);
+  else unsetenv("CXRPC_WINDOW");
+}
