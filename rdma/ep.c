@@ -120,40 +120,46 @@ void cxr__conn_cb(ucp_conn_request_h req, void *arg) {
   CXR_DEBUG("rdma: accepted %s", peer);
 }
 
-/* Answers to hellos not yet sent, engine-wide and per client (by the UCX endpoint they go
- * on): past either bound a hello goes unanswered (its client's connect times out). Answers
- * are posted, not awaited, so a client that sends hellos and never reads would otherwise
- * grow the engine's memory without bound (a review of 623921e); and with the engine-wide
- * bound alone, one such client held all its places and every other client's connect timed
- * out (rdma_test AClientFloodingHellosStarvesOnlyItself). A connect's answer leaves in
- * microseconds: legitimate clients never queue this many. */
-#define HELLOS_OUT_MAX 1024
+/* Answers to hellos not yet sent, per client (the UCX endpoint they go on) and engine-wide:
+ * past the bound a hello goes unanswered (its client's connect times out). Answers are
+ * posted, not awaited, so a client that sends hellos and never reads would otherwise grow
+ * the engine's memory without bound (a review of 623921e). Every client may always have
+ * one answer out: its others, HELLOS_CLIENT_MAX in all, take places from an engine-wide
+ * pool of HELLOS_SHARED_MAX. With a plain engine-wide bound, the clients that flood (one of
+ * them, before 8503918; 64 of them, or one with 64 connections, since) took every place and
+ * every other client's connect timed out (rdma_test AClientFloodingHellosStarvesOnlyItself,
+ * ManyClientsFloodingHellosStarveNobodyElse). A client's first place costs no more than
+ * its endpoint does already, and one is all a connect or refresh needs: its answer leaves
+ * in microseconds. */
 #define HELLOS_CLIENT_MAX 16
+#define HELLOS_SHARED_MAX 1024
 
 /* A client with hello answers not yet sent; on r->hello_clients while it has any. */
 typedef struct hello_client {
   struct hello_client *next;
   ucp_ep_h uep;  /* the endpoint its answers go on */
-  unsigned out;
+  unsigned out;  /* its first place, then the shared ones (out - 1 of r->hellos_shared) */
 } hello_client;
 
-/* Takes a place for one answer on `uep`: false when the client or the engine has none left. */
+/* Takes a place for one answer on `uep`: false when the client has none left (its own is
+ * taken and it holds HELLOS_CLIENT_MAX, or the shared pool is empty) or out of memory. */
 static bool hello_place_take(cxr_rdma *r, ucp_ep_h uep) {
   pthread_mutex_lock(&r->lock);
   hello_client *c = r->hello_clients;
   while (c && c->uep != uep) c = c->next;
-  bool ok = r->hellos_out < HELLOS_OUT_MAX && (c == NULL || c->out < HELLOS_CLIENT_MAX);
-  if (ok && c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
+  bool ok = false;
+  if (c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
     c->uep = uep;
     c->next = r->hello_clients;
     r->hello_clients = c;
+    ok = true;
+  } else if (c != NULL && c->out < HELLOS_CLIENT_MAX && r->hellos_shared < HELLOS_SHARED_MAX) {
+    r->hellos_shared++;
+    ok = true;
   }
-  if (ok && c != NULL) {
-    c->out++;
-    r->hellos_out++;
-  }
+  if (ok) c->out++;
   pthread_mutex_unlock(&r->lock);
-  return ok && c != NULL;
+  return ok;
 }
 
 /* Gives the place back (inside UCX callbacks too: no UCX calls). */
@@ -162,8 +168,9 @@ static void hello_place_give(cxr_rdma *r, ucp_ep_h uep) {
   for (hello_client **pp = &r->hello_clients; *pp; pp = &(*pp)->next) {
     hello_client *c = *pp;
     if (c->uep != uep) continue;
-    r->hellos_out--;
-    if (--c->out == 0) {
+    if (--c->out > 0) {
+      r->hellos_shared--;  /* places are alike: the client's own is the last one given */
+    } else {
       *pp = c->next;
       free(c);
     }
@@ -191,9 +198,9 @@ void cxr__hello_server(cxr_rdma_msg *m, void *user) {
   memcpy(&rq, m->hdr, sizeof rq);
   if (rq.magic != HELLO_MAGIC || rq.version != HELLO_VERSION) return;
   if (!hello_place_take(r, m->reply_ep)) {
-    CXR_DEBUG("rdma: a hello from %s goes unanswered: answers unsent fill its %d places or "
-              "the engine's %d", m->ref ? m->ref->host : "a worker-address client",
-              HELLOS_CLIENT_MAX, HELLOS_OUT_MAX);
+    CXR_DEBUG("rdma: a hello from %s goes unanswered: its answers unsent fill its %d places "
+              "or the engine's %d shared ones", m->ref ? m->ref->host : "a worker-address client",
+              HELLOS_CLIENT_MAX, HELLOS_SHARED_MAX);
     return;
   }
   ucp_address_t *wa = NULL;

@@ -171,8 +171,8 @@ struct cxr_rdma {
   cxr_rdma_ep *eps;
   cxr_rdma_mr *mrs;
   struct hello_wait *hellos;
-  unsigned hellos_out;     /* answers to hellos UCX still holds (HELLOS_OUT_MAX, ep.c) */
-  struct hello_client *hello_clients;  /* ... by client (HELLOS_CLIENT_MAX, ep.c) */
+  struct hello_client *hello_clients;  /* clients with hello answers UCX still holds (ep.c) */
+  unsigned hellos_shared;  /* ... and those beyond each one's first (HELLOS_SHARED_MAX) */
   uint64_t next_token;
   uint64_t next_ep_id;
   uint64_t use_clock;

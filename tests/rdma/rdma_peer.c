@@ -13,11 +13,12 @@
  *                               buffer's pages (MADV_DONTNEED: the caller let it go)
  *     touched                -> "touched <pages>": pages of that buffer read or written
  *                               since (resident again, mincore)
- *   rdma_peer flood PORT N [ID]: a bare UCX client of an engine's listener on
+ *   rdma_peer flood PORT N [ID [CONNS]]: a bare UCX client of an engine's listener on
  *     127.0.0.1:PORT that speaks its hello (rdma/ep.c: id 1, header {magic "cxrh", version
  *     1, token}, answered with id 2), or sends message ID with that header (answered with
- *     ID + 1): waits for one answer, sends N more without progressing its worker again (it
- *     reads nothing more), prints "FLOODED", waits for stdin's EOF. */
+ *     ID + 1), on CONNS connections (default 1, at most 256): waits for one answer on each,
+ *     sends N more on each without progressing its worker again (it reads nothing more),
+ *     prints "FLOODED", waits for stdin's EOF. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,13 +143,45 @@ static ucs_status_t on_answer(void *arg, const void *h, size_t hl, void *d, size
 }
 static void on_flood_err(void *arg, ucp_ep_h ep, ucs_status_t st) {}
 
-static int flood(int port, int n, unsigned id) {
+/* A client-server endpoint to the engine listening on 127.0.0.1:port (NULL on failure). */
+static ucp_ep_h flood_ep(ucp_worker_h w, int port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  ucp_ep_params_t p = {
+      .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+      .sockaddr = {(const struct sockaddr *)&sa, sizeof sa},
+      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+      .err_handler = {on_flood_err, NULL}};
+  ucp_ep_h ep;
+  return ucp_ep_create(w, &p, &ep) == UCS_OK ? ep : NULL;
+}
+
+/* Sends n messages `id` with a hello header on ep; never progresses the worker. */
+static void flood_send(ucp_ep_h ep, unsigned id, int n) {
+  static const struct {
+    uint32_t magic, version;
+    uint64_t token;
+  } hello = {0x63787268u, 1, 7};
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                            .flags = UCP_AM_SEND_FLAG_REPLY};
+  for (int i = 0; i < n; i++) {
+    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, id, &hello, sizeof hello, NULL, 0, &rp);
+    if (UCS_PTR_IS_PTR(sp)) ucp_request_free(sp); /* pending: it stays, never progressed */
+  }
+}
+
+enum { FLOOD_CONNS_MAX = 256 };
+
+static int flood(int port, int n, unsigned id, int conns) {
   setenv("UCX_TCP_SNDBUF", "4m", 1); /* hellos sent without progress all reach the socket */
   ucp_config_t *cfg;
   ucp_context_h ctx;
   ucp_worker_h w;
-  ucp_ep_h ep;
+  static ucp_ep_h eps[FLOOD_CONNS_MAX];
   int answers = 0;
+  if (conns < 1 || conns > FLOOD_CONNS_MAX) return 2;
   if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return 1;
   ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
   ucs_status_t st = ucp_init(&cp, cfg, &ctx);
@@ -161,29 +194,15 @@ static int flood(int port, int n, unsigned id) {
                     UCP_AM_HANDLER_PARAM_FIELD_ARG,
       .id = id == 1 ? 2 : id + 1, .cb = on_answer, .arg = &answers};
   if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK) return 1;
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  ucp_ep_params_t p = {
-      .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-      .sockaddr = {(const struct sockaddr *)&sa, sizeof sa},
-      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-      .err_handler = {on_flood_err, NULL}};
-  if (ucp_ep_create(w, &p, &ep) != UCS_OK) return 1;
-  struct {
-    uint32_t magic, version;
-    uint64_t token;
-  } hello = {0x63787268u, 1, 7};
-  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                            .flags = UCP_AM_SEND_FLAG_REPLY};
-  for (int i = 0; i <= n; i++) {
-    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, id, &hello, sizeof hello, NULL, 0, &rp);
-    if (UCS_PTR_IS_PTR(sp)) ucp_request_free(sp); /* pending: it stays, never progressed */
-    int64_t end = cxr_now_ns() + 5000000000;
-    while (i == 0 && answers == 0 && cxr_now_ns() < end) ucp_worker_progress(w);
-    if (i == 0 && answers == 0) return 1;
+  for (int c = 0; c < conns; c++) {
+    if ((eps[c] = flood_ep(w, port)) == NULL) return 1;
+    flood_send(eps[c], id, 1);
   }
+  /* One answer per connection: each is up. Then nothing more is read. */
+  int64_t end = cxr_now_ns() + 20000000000;
+  while (answers < conns && cxr_now_ns() < end) ucp_worker_progress(w);
+  if (answers < conns) return 1;
+  for (int c = 0; c < conns; c++) flood_send(eps[c], id, n);
   printf("FLOODED\n");
   fflush(stdout);
   char c;
@@ -195,7 +214,8 @@ static int flood(int port, int n, unsigned id) {
 int main(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "client")) return client();
   if (argc >= 4 && !strcmp(argv[1], "flood"))
-    return flood(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (unsigned)atoi(argv[4]) : 1);
+    return flood(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (unsigned)atoi(argv[4]) : 1,
+                 argc > 5 ? atoi(argv[5]) : 1);
   if (argc < 3 || strcmp(argv[1], "serve")) {
     fprintf(stderr, "usage: rdma_peer serve ADDR:PORT [export_bytes]\n");
     return 2;

@@ -367,6 +367,25 @@ TEST(Rdma, HellosNobodyReadsDoNotStallTheEngine) {
   cxr_rdma_close(r);
 }
 
+// A well-behaved client of `peer`: it must connect cold (its hello answered), read the
+// exports again (a second hello) and get its echo, each within 5 s.
+void connect_refresh_echo(Peer &peer) {
+  Echo e;
+  cxr_rdma *r;
+  cxr_rdma_ep *ep = nullptr;
+  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_am_set(r, 21, on_echo, &e), 0);
+  EXPECT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), cxr_now_ns() + 5 * kSec, &ep), 0)
+      << "the flooders' unsent answers took every place";
+  if (ep != nullptr) {
+    EXPECT_EQ(cxr_rdma_refresh(ep, cxr_now_ns() + 5 * kSec), 0);
+    EXPECT_EQ(cxr_rdma_am_send(ep, 20, "x", 1, nullptr, 0, cxr_now_ns() + 5 * kSec), 0);
+    EXPECT_TRUE(wait_for(e.got, 1, 5 * kSec));
+    cxr_rdma_ep_close(ep);
+  }
+  cxr_rdma_close(r);
+}
+
 // The engine-wide bound on hello answers not yet sent (1024, rdma/ep.c) let one client that
 // sends hellos and never reads hold every place: every other client's hello went unanswered
 // and its connect timed out. Each client (the UCX endpoint its answers go on) now holds at
@@ -385,20 +404,27 @@ TEST(Rdma, AClientFloodingHellosStarvesOnlyItself) {
   ASSERT_EQ(flooder.p.line(10000), "FLOODED");
   ASSERT_NO_FATAL_FAILURE(cxrt::stop(flooder));
   usleep(300000);  // the peer takes the hellos in
-  Echo e;
-  cxr_rdma *r;
-  cxr_rdma_ep *ep = nullptr;
-  ASSERT_EQ(cxr_rdma_open(&r, nullptr), 0);
-  ASSERT_EQ(cxr_rdma_am_set(r, 21, on_echo, &e), 0);
-  EXPECT_EQ(cxr_rdma_connect(r, peer.addr().c_str(), cxr_now_ns() + 5 * kSec, &ep), 0)
-      << "the flooder's unsent answers took every place";
-  if (ep != nullptr) {
-    EXPECT_EQ(cxr_rdma_refresh(ep, cxr_now_ns() + 5 * kSec), 0);
-    ASSERT_EQ(cxr_rdma_am_send(ep, 20, "x", 1, nullptr, 0, cxr_now_ns() + 5 * kSec), 0);
-    EXPECT_TRUE(wait_for(e.got, 1, 5 * kSec));
-    cxr_rdma_ep_close(ep);
+  connect_refresh_echo(peer);
+}
+
+// The same with many flooding clients: 3 processes (rdma_peer flood) of 30 connections each,
+// each connection an endpoint of its own at the peer, send 20 hellos on each and are stopped.
+// With every client bounded to 16 answers under an engine-wide bound of 1024, 64 such
+// connections filled the engine and the well-behaved client's connect timed out
+// (CXR_ETIMEDOUT, 3 runs in 3). Now every client may always have one answer out and only its
+// others come from the shared places: the flooders fill those, and the other client still
+// connects, refreshes and gets its echo.
+TEST(Rdma, ManyClientsFloodingHellosStarveNobodyElse) {
+  Peer peer, flooders[3];
+  ASSERT_TRUE(peer.start({"UCX_RNDV_THRESH=64"}));  // answers wait for their reader
+  for (Peer &f : flooders) {
+    ASSERT_TRUE(f.p.start(
+        {"tests/rdma/rdma_peer", "flood", std::to_string(peer.port), "20", "1", "30"}));
+    ASSERT_EQ(f.p.line(30000), "FLOODED");
+    ASSERT_NO_FATAL_FAILURE(cxrt::stop(f));
   }
-  cxr_rdma_close(r);
+  usleep(300000);  // the peer takes the hellos in
+  connect_refresh_echo(peer);
 }
 
 TEST(Rdma, AMessageForAnIdNobodySetIsDroppedNotFatal) {
