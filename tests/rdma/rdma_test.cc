@@ -274,11 +274,16 @@ struct HelloFlooder {
   static void on_err(void *, ucp_ep_h, ucs_status_t) {}
 
   // Connects with a receive buffer of `rcvbuf` (small: the answers back up soon) and waits
-  // for the answer to one hello.
+  // for the answer to one hello. The key is the transport's own field name: UCX 1.13 keeps a
+  // key ucp_config_modify does not know and applies it to each transport's table, whose
+  // fields have no "TCP_" prefix (that is the environment's). "TCP_RCVBUF" was accepted,
+  // then matched nothing: UCX warned "invalid configuration" at the worker's creation and
+  // the sockets kept their default buffers. "RCVBUF" sets the TCP transport's and its
+  // connection manager's sockets (the only transport here, UCX_TLS=tcp).
   bool open(int port, const char *rcvbuf) {
     ucp_config_t *cfg;
     if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK) return false;
-    ucp_config_modify(cfg, "TCP_RCVBUF", rcvbuf);
+    ucp_config_modify(cfg, "RCVBUF", rcvbuf);
     ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
     ucs_status_t st = ucp_init(&cp, cfg, &ctx);
     ucp_config_release(cfg);
@@ -343,7 +348,9 @@ struct HelloFlooder {
 // hellos to a peer whose sockets have small send buffers, and another client's echo must
 // still come back within 1.5 s (it did not, 4 runs in 4; with default buffers, or 300
 // hellos, the stall did not show). Now the answer is not waited for: UCX keeps it until it
-// leaves or the endpoint ends, and its buffer goes with it.
+// leaves or the endpoint ends, and its buffer goes with it. (Until the key in
+// HelloFlooder::open was fixed the client's receive buffer stayed at its default; the peer's
+// small send buffer alone showed the stall then, 2 runs in 2 with the answer waited for.)
 TEST(Rdma, HellosNobodyReadsDoNotStallTheEngine) {
   Peer peer;
   ASSERT_TRUE(peer.start({"UCX_TCP_SNDBUF=4k"}));
