@@ -134,30 +134,48 @@ void cxr__conn_cb(ucp_conn_request_h req, void *arg) {
 #define HELLOS_CLIENT_MAX 16
 #define HELLOS_SHARED_MAX 1024
 
-/* A client with hello answers not yet sent; on r->hello_clients while it has any. */
-typedef struct hello_client {
-  struct hello_client *next;
-  ucp_ep_h uep;  /* the endpoint its answers go on */
-  unsigned out;  /* its first place, then the shared ones (out - 1 of r->hellos_shared) */
-} hello_client;
+bool cxr__place_take(cxr__places *p, ucp_ep_h uep, unsigned each, unsigned shared) {
+  cxr__place *c = p->clients;
+  while (c && c->uep != uep) c = c->next;
+  if (c == NULL) { /* a client's first place is its own: no bound but its endpoint's cost */
+    if ((c = calloc(1, sizeof *c)) == NULL) return false;
+    *c = (cxr__place){.next = p->clients, .uep = uep, .out = 1};
+    p->clients = c;
+    return true;
+  }
+  if (c->out >= each || p->out >= shared) return false;
+  c->out++;
+  p->out++;
+  return true;
+}
 
-/* Takes a place for one answer on `uep`: false when the client has none left (its own is
- * taken and it holds HELLOS_CLIENT_MAX, or the shared pool is empty) or out of memory. */
+void cxr__place_give(cxr__places *p, ucp_ep_h uep) {
+  for (cxr__place **pp = &p->clients; *pp; pp = &(*pp)->next) {
+    cxr__place *c = *pp;
+    if (c->uep != uep) continue;
+    if (--c->out > 0) {
+      p->out--; /* places are alike: the client's own is the last one given */
+    } else {
+      *pp = c->next;
+      free(c);
+    }
+    break;
+  }
+}
+
+void cxr__places_drop(cxr__places *p) {
+  while (p->clients) {
+    cxr__place *c = p->clients;
+    p->clients = c->next;
+    free(c);
+  }
+  p->out = 0;
+}
+
+/* Takes a place for one answer on `uep`: false when the client or the engine has none left. */
 static bool hello_place_take(cxr_rdma *r, ucp_ep_h uep) {
   pthread_mutex_lock(&r->lock);
-  hello_client *c = r->hello_clients;
-  while (c && c->uep != uep) c = c->next;
-  bool ok = false;
-  if (c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
-    c->uep = uep;
-    c->next = r->hello_clients;
-    r->hello_clients = c;
-    ok = true;
-  } else if (c != NULL && c->out < HELLOS_CLIENT_MAX && r->hellos_shared < HELLOS_SHARED_MAX) {
-    r->hellos_shared++;
-    ok = true;
-  }
-  if (ok) c->out++;
+  bool ok = cxr__place_take(&r->hellos_out, uep, HELLOS_CLIENT_MAX, HELLOS_SHARED_MAX);
   pthread_mutex_unlock(&r->lock);
   return ok;
 }
@@ -165,17 +183,7 @@ static bool hello_place_take(cxr_rdma *r, ucp_ep_h uep) {
 /* Gives the place back (inside UCX callbacks too: no UCX calls). */
 static void hello_place_give(cxr_rdma *r, ucp_ep_h uep) {
   pthread_mutex_lock(&r->lock);
-  for (hello_client **pp = &r->hello_clients; *pp; pp = &(*pp)->next) {
-    hello_client *c = *pp;
-    if (c->uep != uep) continue;
-    if (--c->out > 0) {
-      r->hellos_shared--;  /* places are alike: the client's own is the last one given */
-    } else {
-      *pp = c->next;
-      free(c);
-    }
-    break;
-  }
+  cxr__place_give(&r->hellos_out, uep);
   pthread_mutex_unlock(&r->lock);
 }
 

@@ -103,6 +103,20 @@ typedef struct rjob {
 #define REPLIES_OUT_MAX R_CALLS_IN_FLIGHT
 #define STRAY_OUT_MAX 1024u
 
+/* Bounds on the answers to OPENs and CLOSEs not yet sent: per client (the UCX endpoint they
+ * go on) and for the channel. They are posted, not waited for: waiting (up to the 2 s send
+ * deadline, on the progress thread) for a client that sends OPENs or CLOSEs and never reads
+ * held up every other client of the channel once its socket buffers were full
+ * (remote_hostile_test AClientFloodingOpensAndClosesHoldsUpNoOtherClient). A reading client
+ * takes each answer within microseconds, so it never has more than a few unsent; past a
+ * bound an OPEN is dropped unanswered before any work (a flooder makes no connection), and
+ * a CLOSE still closes but goes unanswered, counted with a rate-limited warning. With the
+ * channel's bound alone one such client would hold every place, as it did the engine's
+ * hello answers (rdma/ep.c, HELLOS_CLIENT_MAX); so, as there, every client may always have
+ * one answer out and its others come from the channel's shared ANSWERS_OUT_MAX. */
+#define ANSWERS_CLIENT_MAX 64u
+#define ANSWERS_OUT_MAX 16384u
+
 struct cxr__rlisten {
   cxr_channel *ch;
   cxr_rdma *r;
@@ -125,6 +139,12 @@ struct cxr__rlisten {
   unsigned nworkers;
   rout stray;  /* answers to calls of no connection not yet sent (STRAY_OUT_MAX) */
   uint64_t stray_dropped;  /* atomic: such answers dropped past it */
+  /* Answers to OPENs and CLOSEs not yet sent, by client (ANSWERS_CLIENT_MAX) and in all
+   * (ANSWERS_OUT_MAX), under alock: taken by handlers, given back inside UCX callbacks
+   * (nothing else is locked under it, no UCX call made). */
+  pthread_mutex_t alock;
+  cxr__places answers_out;
+  uint64_t answers_dropped;  /* atomic: answers dropped past them */
 };
 
 struct cxr__rcall {
@@ -192,12 +212,65 @@ static void release_root(rsconn *c, uint64_t root) {
   pthread_mutex_unlock(&c->rlock);
 }
 
-static void close_ack(cxr_rdma_msg *m) {
+/* Takes a place for one answer to m's client: false when the client (by the UCX endpoint
+ * the answer goes on) or the channel has none left (see ANSWERS_CLIENT_MAX). */
+static bool answer_take(struct cxr__rlisten *l, cxr_rdma_msg *m) {
+  if (m->reply_ep == NULL) return false; /* (the sender asked for no answer) */
+  pthread_mutex_lock(&l->alock);
+  bool ok = cxr__place_take(&l->answers_out, m->reply_ep, ANSWERS_CLIENT_MAX, ANSWERS_OUT_MAX);
+  pthread_mutex_unlock(&l->alock);
+  return ok;
+}
+
+/* Gives a place back (inside UCX callbacks too: no UCX calls). */
+static void answer_give(struct cxr__rlisten *l, ucp_ep_h uep) {
+  pthread_mutex_lock(&l->alock);
+  cxr__place_give(&l->answers_out, uep);
+  pthread_mutex_unlock(&l->alock);
+}
+
+static void answer_dropped(struct cxr__rlisten *l, const char *what) {
+  uint64_t n = __atomic_add_fetch(&l->answers_dropped, 1, __ATOMIC_RELAXED);
+  if (cxr__log_due(n))
+    CXR_WARN("remote %s: %s goes unanswered: its client leaves %u answers unsent (or all "
+             "clients %u); %llu dropped so far", l->ch->name, what, ANSWERS_CLIENT_MAX,
+             ANSWERS_OUT_MAX, (unsigned long long)n);
+}
+
+/* What a posted answer holds until UCX is done with it: its place (the header is the
+ * engine's copy). */
+typedef struct answer_own {
+  struct cxr__rlisten *l;
+  ucp_ep_h uep;
+} answer_own;
+
+static void answer_own_free(void *p) { /* inside a UCX callback: no UCX calls */
+  answer_own *o = p;
+  answer_give(o->l, o->uep);
+  free(o);
+}
+
+/* Posts an answer whose place answer_take gave (given back once UCX is done with it, or
+ * now if it does not go). */
+static void answer_post(struct cxr__rlisten *l, cxr_rdma_msg *m, unsigned id, const void *hdr,
+                        size_t hlen) {
+  answer_own *o = malloc(sizeof *o);
+  if (o == NULL) {
+    answer_give(l, m->reply_ep);
+    return;
+  }
+  *o = (answer_own){.l = l, .uep = m->reply_ep};
+  int rc = cxr__rdma_reply_post(m, id, hdr, hlen, NULL, 0, o, answer_own_free);
+  if (rc) CXR_DEBUG("remote %s: answer %u failed: %s", l->ch->name, id, cxr_strerror(rc));
+}
+
+static void close_ack(struct cxr__rlisten *l, cxr_rdma_msg *m) {
+  if (!answer_take(l, m)) return answer_dropped(l, "a CLOSE");
   size_t hl;
   const r_close *h = cxr_rdma_msg_hdr(m, &hl);
   r_close ack = {.magic = R_MAGIC, .conn_id = h->conn_id, .token = h->token,
                  .heap_addr = h->heap_addr};
-  cxr_rdma_reply(m, R_CLOSE_REP, &ack, sizeof ack, NULL, 0, 0);
+  answer_post(l, m, R_CLOSE_REP, &ack, sizeof ack);
 }
 
 static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
@@ -213,7 +286,7 @@ static void sconn_destroy(struct cxr__rlisten *l, rsconn *c) {
   bool kept = c->dead; /* kept by retire() while calls ran: ours to free */
   free(c);
   if (m == NULL) return;
-  if (l) close_ack(m); /* (l NULL: the engine is closed, nobody to answer) */
+  if (l) close_ack(l, m); /* (l NULL: the engine is closed, nobody to answer) */
   if (kept) cxr_rdma_msg_free(m);
 }
 
@@ -253,13 +326,15 @@ static void on_client_gone(cxr_rdma_ep *ep, int err, void *user) {
   if (cxr_rdma_defer(g->l->r, reap_gone, g) != 0) free(g);
 }
 
-static void reply_open(cxr_rdma_msg *m, int st, uint64_t token, uint64_t id, cxr_heap *hs) {
+/* Answers an OPEN whose place on_open took. */
+static void reply_open(struct cxr__rlisten *l, cxr_rdma_msg *m, int st, uint64_t token,
+                       uint64_t id, cxr_heap *hs) {
   r_open_rep rep = {.magic = R_MAGIC, .status = st, .token = token, .conn_id = id};
   if (hs) {
     rep.rs_addr = (uint64_t)(uintptr_t)cxr_heap_base(hs);
     rep.rs_size = cxr_heap_size(hs);
   }
-  cxr_rdma_reply(m, R_OPEN_REP, &rep, sizeof rep, NULL, 0, 0);
+  answer_post(l, m, R_OPEN_REP, &rep, sizeof rep);
 }
 
 /* The most address space the replicas of one channel's remote clients take together
@@ -278,17 +353,19 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   size_t hl;
   const r_open *h = cxr_rdma_msg_hdr(m, &hl);
   if (hl != sizeof *h || h->magic != R_MAGIC) return;
+  /* The answer's place first: an OPEN that cannot be answered does no work. */
+  if (!answer_take(l, m)) return answer_dropped(l, "an OPEN");
   r_open op = *h;
   op.chan[CXR__CHAN_NAME_MAX] = '\0';
   op.who[sizeof op.who - 1] = '\0';
-  if (strcmp(op.chan, ch->name) != 0) return reply_open(m, CXR_ENOENT, op.token, 0, NULL);
+  if (strcmp(op.chan, ch->name) != 0) return reply_open(l, m, CXR_ENOENT, op.token, 0, NULL);
   pthread_mutex_lock(&l->lock);
   bool full = l->nconns >= ch->o.max_conns;
   uint64_t id = ++l->next_id;
   pthread_mutex_unlock(&l->lock);
-  if (full) return reply_open(m, CXR_EFULL, op.token, 0, NULL);
+  if (full) return reply_open(l, m, CXR_EFULL, op.token, 0, NULL);
   int rc = cxr__rem_replica_map(op.heap_addr, op.heap_size); /* (checks the range) */
-  if (rc) return reply_open(m, rc, op.token, 0, NULL);
+  if (rc) return reply_open(l, m, rc, op.token, 0, NULL);
   size_t budget = replica_budget();
   pthread_mutex_lock(&l->lock);
   bool over = l->replica_bytes > budget || op.heap_size > budget - l->replica_bytes;
@@ -299,7 +376,7 @@ static void on_open(cxr_rdma_msg *m, void *user) {
              "CXRPC_REMOTE_REPLICA_MB (%zu MiB): connection refused", ch->name,
              (unsigned long long)(op.heap_size >> 20), budget >> 20);
     cxr__rem_replica_unmap(op.heap_addr, op.heap_size);
-    return reply_open(m, CXR_EFULL, op.token, 0, NULL);
+    return reply_open(l, m, CXR_EFULL, op.token, 0, NULL);
   }
   rsconn *c = calloc(1, sizeof *c);
   rheap *held = calloc(1, sizeof *held);
@@ -311,7 +388,7 @@ static void on_open(cxr_rdma_msg *m, void *user) {
     free(c);
     cxr__rem_replica_unmap(op.heap_addr, op.heap_size);
     unreserve(l, op.heap_size);
-    return reply_open(m, rc, op.token, 0, NULL);
+    return reply_open(l, m, rc, op.token, 0, NULL);
   }
   *held = (rheap){.refs = 1, .hs = c->hs};
   c->held = held;
@@ -335,7 +412,7 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   l->nconns++;
   pthread_mutex_unlock(&l->lock);
   CXR_DEBUG("remote %s: connection %llu from %s", ch->name, (unsigned long long)id, c->who);
-  reply_open(m, 0, op.token, id, c->hs);
+  reply_open(l, m, 0, op.token, id, c->hs);
 }
 
 static void on_close(cxr_rdma_msg *m, void *user) {
@@ -357,7 +434,7 @@ static void on_close(cxr_rdma_msg *m, void *user) {
     }
   pthread_mutex_unlock(&l->lock);
   if (c) retire(l, c, m); /* answers once the replica is gone */
-  else close_ack(m);
+  else close_ack(l, m);
 }
 
 /* What a reply hands UCX with its data: the range table, then copies of the bytes it ships
@@ -766,6 +843,7 @@ int cxr__remote_listen(cxr_channel *ch, const char *listen) {
   pthread_mutex_init(&l->lock, NULL);
   pthread_mutex_init(&l->heaps.lock, NULL);
   pthread_mutex_init(&l->qlock, NULL);
+  pthread_mutex_init(&l->alock, NULL);
   pthread_cond_init(&l->qcond, NULL);
   if (ch->o.workers > 1 && (l->workers = calloc(ch->o.workers, sizeof *l->workers)) != NULL)
     for (unsigned i = 0; i < ch->o.workers; i++)
@@ -824,8 +902,11 @@ void cxr__remote_stop(cxr_channel *ch) {
     sconn_destroy(NULL, c);
   }
   cxr__rem_spares_drop(&l->heaps);
+  /* Places of answers UCX never finished (the engine left them when it closed). */
+  cxr__places_drop(&l->answers_out);
   pthread_mutex_destroy(&l->lock);
   pthread_mutex_destroy(&l->qlock);
+  pthread_mutex_destroy(&l->alock);
   pthread_cond_destroy(&l->qcond);
   free(l);
 }

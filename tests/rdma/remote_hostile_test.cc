@@ -467,6 +467,103 @@ TEST_F(Hostile, RepliesAClientDoesNotReadAreBoundedPerConnection) {
   EXPECT_EQ(server.stop(), 0);
 }
 
+// A client that sends messages and never reads their answers: an engine of its own with a
+// small socket receive buffer, its progress thread held up (hold), talking to a server with
+// small send buffers (flood_server), so that the server's answers stop leaving after a few
+// hundred, whatever the machine's socket defaults.
+struct Flooder {
+  cxr_rdma *r = nullptr;
+  cxr_rdma_ep *ep = nullptr;
+  Stall held;
+  std::atomic<int> answers{0};  // answers taken in once it reads again (any kind)
+
+  static void on_answer(cxr_rdma_msg *, void *user) { ((std::atomic<int> *)user)->fetch_add(1); }
+  bool start(const std::string &host) {
+    // (UCX reads its configuration from the environment when the engine opens.)
+    setenv("UCX_TCP_RCVBUF", "4k", 1);
+    int rc = cxr_rdma_open(&r, nullptr);
+    unsetenv("UCX_TCP_RCVBUF");
+    return rc == 0 && cxr_rdma_am_set(r, R_OPEN_REP, on_answer, &answers) == 0 &&
+           cxr_rdma_am_set(r, R_CLOSE_REP, on_answer, &answers) == 0 &&
+           cxr_rdma_am_set(r, R_CALL_REP, on_answer, &answers) == 0 &&
+           cxr_rdma_connect(r, host.c_str(), 0, &ep) == 0 && hold(r, held);
+  }
+  // Reads again; how many answers came once they stop coming (at most ~20 s).
+  int release() {
+    held.state = 2;
+    int last = -1;
+    for (int i = 0; i < 40 && answers.load() != last; i++) {
+      last = answers.load();
+      usleep(500000);
+    }
+    return answers.load();
+  }
+  ~Flooder() {
+    held.state = 2;
+    if (ep) cxr_rdma_ep_close(ep);
+    if (r) cxr_rdma_close(r);
+  }
+};
+
+// The fixture's server again, with small socket send buffers; the fixture's endpoint is
+// left closed (a test connects it later).
+void flood_server(cxrt::Proc &server, std::string *host, const std::string &root,
+                  cxr_rdma_ep **ep) {
+  cxr_rdma_ep_close(*ep);
+  *ep = nullptr;
+  ASSERT_EQ(server.stop(), 0);
+  mkdir((root + "f").c_str(), 0700);
+  ASSERT_TRUE(cxrt::start_kv_server(server, host, root + "f", 2, {"UCX_TCP_SNDBUF=4k"}));
+}
+
+// A client that sends OPENs and CLOSEs and never reads their answers holds up no other
+// client. The server's engine runs OPEN and CLOSE on its progress thread, and each answer
+// used to wait up to 2 s (the send deadline) for UCX to send it: once the flooder's socket
+// buffers were full, the progress thread waited 2 s per message, and another client's
+// connect (its hello, then its OPEN) timed out behind them. The answers are posted now, and
+// at most 64 per client stay unsent (the rest are dropped, their OPENs not served).
+TEST_F(Hostile, AClientFloodingOpensAndClosesHoldsUpNoOtherClient) {
+  const int kFlood = 3000;
+  ASSERT_NO_FATAL_FAILURE(flood_server(server, &host, root, &ep));
+  Flooder f;
+  ASSERT_TRUE(f.start(host));
+  for (int i = 0; i < kFlood; i++) {
+    if (i % 2) {
+      r_close c = {};
+      c.magic = R_MAGIC;
+      c.conn_id = 1000000 + i;  // no such connection: answered at once
+      c.token = 5;
+      ASSERT_EQ(cxr_rdma_am_post(f.ep, R_CLOSE, &c, sizeof c, nullptr, 0), 0);
+      continue;
+    }
+    r_open o = {};
+    o.magic = R_MAGIC;
+    o.version = 1;
+    o.token = 5;
+    o.heap_addr = slice_of(6);
+    o.heap_size = 1 << 20;
+    snprintf(o.chan, sizeof o.chan, "nope");  // no such channel: answered at once
+    ASSERT_EQ(cxr_rdma_am_post(f.ep, R_OPEN, &o, sizeof o, nullptr, 0), 0);
+  }
+  usleep(300000);  // the server takes the flood in
+  // Another client connects cold, opens and calls, each within generous deadlines.
+  int64_t t0 = cxr_now_ns();
+  ASSERT_EQ(cxr_rdma_connect(r, host.c_str(), cxr_now_ns() + 10 * 1000000000ll, &ep), 0)
+      << "the connect took " << (cxr_now_ns() - t0) / 1000000 << " ms";
+  ASSERT_EQ(open("kv", pod5_slice(), 1 << 20), 0)
+      << "the OPEN took " << (cxr_now_ns() - t0) / 1000000 << " ms";
+  r_call h = {};
+  h.conn_id = rep.conn_id.load();
+  h.method = M_NOOP;
+  EXPECT_EQ(call(h, {}), 0);
+  // The flooder reads again: the answers it left unsent were bounded.
+  int got = f.release();
+  printf("the flooder got %d answers of %d\n", got, kFlood);
+  EXPECT_GT(got, 0);
+  EXPECT_LT(got, kFlood) << "no answer was dropped";
+  EXPECT_EQ(server.stop(), 0);
+}
+
 // The other way round: a hostile server. A client (a real process) connects to a fake
 // listener that answers opens correctly and calls with broken replies; each call ends with
 // an error code and the client keeps working.
