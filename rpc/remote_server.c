@@ -93,27 +93,30 @@ typedef struct rjob {
  * per connection at most as many as the client may have calls in flight (a client that
  * reads takes each within microseconds, so a reading client never has more), and replica
  * copies of at most the replica's size (any one reply goes when none is unsent); answers to
- * calls of no connection (a wrong id or token, a full queue) at most STRAY_OUT_MAX for the
- * channel, as the engine bounds its hello answers. Past a bound a reply is dropped and
+ * calls of no connection (a wrong id or token, a full queue) count per client with the
+ * answers to OPEN and CLOSE (ANSWERS_CLIENT_MAX). Past a bound a reply is dropped and
  * counted (the connection's `dropped`, and a warning): its call ends at the client's own
  * deadline, its result blocks are freed at once, and a client that only paused gets its
  * later replies again. The connection is not ended instead: ending it would not free what
  * UCX already holds (that goes with the client's endpoint, shared by its other
  * connections), and a paused client would lose its results. */
 #define REPLIES_OUT_MAX R_CALLS_IN_FLIGHT
-#define STRAY_OUT_MAX 1024u
 
-/* Bounds on the answers to OPENs and CLOSEs not yet sent: per client (the UCX endpoint they
- * go on) and for the channel. They are posted, not waited for: waiting (up to the 2 s send
+/* Bounds on the answers outside connections not yet sent (to OPENs, CLOSEs, and calls of no
+ * connection: a wrong id or token, a full queue): per client (the UCX endpoint they go on)
+ * and for the channel. They are posted, not waited for: waiting (up to the 2 s send
  * deadline, on the progress thread) for a client that sends OPENs or CLOSEs and never reads
  * held up every other client of the channel once its socket buffers were full
  * (remote_hostile_test AClientFloodingOpensAndClosesHoldsUpNoOtherClient). A reading client
  * takes each answer within microseconds, so it never has more than a few unsent; past a
  * bound an OPEN is dropped unanswered before any work (a flooder makes no connection), and
- * a CLOSE still closes but goes unanswered, counted with a rate-limited warning. With the
- * channel's bound alone one such client would hold every place, as it did the engine's
- * hello answers (rdma/ep.c, HELLOS_CLIENT_MAX); so, as there, every client may always have
- * one answer out and its others come from the channel's shared ANSWERS_OUT_MAX. */
+ * a CLOSE still closes but goes unanswered, and a call's error is not sent (the call ends
+ * at its client's deadline); each is counted with a rate-limited warning. With a bound for
+ * the channel alone one such client held every place: answers to calls of no connection had
+ * only that (1024), and a client that never read took every other client's quick errors
+ * (remote_hostile_test ClientsThatNeverReadTheirErrorsTakeNoOtherClientsErrors), as it did
+ * the engine's hello answers (rdma/ep.c, HELLOS_CLIENT_MAX); so, as there, every client may
+ * always have one answer out and its others come from the channel's shared ANSWERS_OUT_MAX. */
 #define ANSWERS_CLIENT_MAX 64u
 #define ANSWERS_OUT_MAX 16384u
 
@@ -137,9 +140,7 @@ struct cxr__rlisten {
   bool qstop;
   pthread_t *workers;
   unsigned nworkers;
-  rout stray;  /* answers to calls of no connection not yet sent (STRAY_OUT_MAX) */
-  uint64_t stray_dropped;  /* atomic: such answers dropped past it */
-  /* Answers to OPENs and CLOSEs not yet sent, by client (ANSWERS_CLIENT_MAX) and in all
+  /* Answers outside connections not yet sent, by client (ANSWERS_CLIENT_MAX) and in all
    * (ANSWERS_OUT_MAX), under alock: taken by handlers, given back inside UCX callbacks
    * (nothing else is locked under it, no UCX call made). */
   pthread_mutex_t alock;
@@ -443,7 +444,8 @@ static void on_close(cxr_rdma_msg *m, void *user) {
  * of replies not yet sent. The header and the iov array are the engine's copies. */
 typedef struct reply_own {
   rheap *held;   /* NULL: a reply to no connection */
-  rout *out;     /* where it is counted */
+  rout *out;     /* where it is counted (NULL: a reply to no connection, in `place`) */
+  answer_own place;
   size_t copied; /* bytes of replica copies it owns, counted in out */
   r_range tab[];
 } reply_own;
@@ -451,8 +453,12 @@ typedef struct reply_own {
 static void reply_own_free(void *p) { /* inside a UCX callback: no UCX calls */
   reply_own *o = p;
   if (o == NULL) return;
-  __atomic_sub_fetch(&o->out->copied, o->copied, __ATOMIC_RELAXED);
-  __atomic_sub_fetch(&o->out->replies, 1, __ATOMIC_RELEASE);
+  if (o->out) {
+    __atomic_sub_fetch(&o->out->copied, o->copied, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&o->out->replies, 1, __ATOMIC_RELEASE);
+  } else {
+    answer_give(o->place.l, o->place.uep);
+  }
   if (o->held) rheap_put(o->held); /* last: out may lie in it */
   free(o);
 }
@@ -468,7 +474,7 @@ static bool reply_admit(rout *out, unsigned max, size_t copied, size_t copied_ma
 }
 
 static void count_dropped(struct cxr__rlisten *l, rsconn *c, const r_call *h, const char *why) {
-  uint64_t n = c ? CXR__ADD(&c->slot.srv.dropped, 1) + 1 : CXR__ADD(&l->stray_dropped, 1) + 1;
+  uint64_t n = c ? CXR__ADD(&c->slot.srv.dropped, 1) + 1 : CXR__ADD(&l->answers_dropped, 1) + 1;
   if (cxr__log_due(n))
     CXR_WARN("remote %s: reply to call %llx on connection %llu dropped: %s; %llu so far",
              l->ch->name, (unsigned long long)h->call_id,
@@ -527,9 +533,9 @@ static bool reply_call(struct cxr__rlisten *l, rsconn *c, cxr_rdma_msg *m, const
     own = reply_own_alloc(0, 0);
   }
   rep.nranges = (uint32_t)nr;
-  rout *out = c ? &c->held->out : &l->stray;
-  bool fits = own && reply_admit(out, c ? REPLIES_OUT_MAX : STRAY_OUT_MAX, copied,
-                                 c ? c->hc_size : 0);
+  rout *out = c ? &c->held->out : NULL;
+  bool fits = own && (c ? reply_admit(out, REPLIES_OUT_MAX, copied, c->hc_size)
+                        : answer_take(l, m));
   if (!fits) {
     count_dropped(l, c, h, own ? "too many replies not yet sent (a client that does not "
                                  "read)" : "out of memory");
@@ -537,7 +543,8 @@ static bool reply_call(struct cxr__rlisten *l, rsconn *c, cxr_rdma_msg *m, const
     if (iov != stack_iov) free(iov);
     return false;
   }
-  *own = (reply_own){.held = c ? c->held : NULL, .out = out, .copied = copied};
+  *own = (reply_own){.held = c ? c->held : NULL, .out = out, .place = {l, m->reply_ep},
+                     .copied = copied};
   if (c) __atomic_add_fetch(&c->held->refs, 1, __ATOMIC_RELAXED); /* the connection holds one */
   size_t n = reply_iov(c, own, rg, nr, iov);
   /* own goes with the reply, freed (its count given back, the heap let go) once UCX is done
