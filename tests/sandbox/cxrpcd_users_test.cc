@@ -6,6 +6,10 @@
 // it cannot change uid it skips.
 #include <gtest/gtest.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <string>
@@ -417,8 +421,8 @@ TEST_F(CxrpcdUsers, ServeRefusesAPathAnotherUserCanSwapAFolderOf) {
   // `cxrpcd serve` checked only the socket's own folder: a folder of root's inside one of
   // uid B's passed, though B can rename it away and put one of its own at its name (and the
   // socket with it); so did a symlink whose target lies under B's folder. Now every folder
-  // up to "/" is checked, through symlinks; a root-owned path of sound folders, through a
-  // symlink too, is still served.
+  // up to "/" is checked, through symlinks (which must be root's or ours too); a root-owned
+  // path of sound folders, through a symlink too, is still served.
   std::string sock = dir_of(kUidB);  // B's folder (0755)
   ASSERT_FALSE(sock.empty());
   std::string outer = sock.substr(0, sock.rfind('/'));
@@ -450,6 +454,20 @@ TEST_F(CxrpcdUsers, ServeRefusesAPathAnotherUserCanSwapAFolderOf) {
   ASSERT_GT(s, 0);
   EXPECT_EQ(exit_within_5s(s), 1) << "cxrpcd served under a folder anyone may write";
   close(err);
+  // A symlink of B's to sound folders: B may re-point it whatever folder it stands in (in a
+  // sticky /tmp too), so it is refused like B's folders (a review found it served).
+  std::string b_link = std::string(links) + "/b";
+  ASSERT_EQ(symlink(sound, b_link.c_str()), 0);
+  ASSERT_EQ(lchown(b_link.c_str(), kUidB, (gid_t)-1), 0);
+  s = serve_at(b_link + "/s", &err);
+  ASSERT_GT(s, 0);
+  EXPECT_EQ(exit_within_5s(s), 1) << "cxrpcd served through uid " << kUidB << "'s symlink";
+  char why[512] = {};
+  (void)!read(err, why, sizeof why - 1);
+  close(err);
+  EXPECT_NE(strstr(why, "symlink"), nullptr) << why;
+  unlink((b_link + "/s").c_str());
+  unlink(b_link.c_str());
   // Through a symlink to sound folders (/tmp: root's, sticky): served.
   std::string ok = to_sound + std::string(sound).substr(4) + "/s";  // links/ok/cxrpcd-ok-*/s
   sup.sock = ok;
@@ -466,6 +484,62 @@ TEST_F(CxrpcdUsers, ServeRefusesAPathAnotherUserCanSwapAFolderOf) {
   rmdir(sound);
   rmdir(inner.c_str());
   rmdir(outer.c_str());
+}
+
+TEST_F(CxrpcdUsers, ServeInAUserNamespaceThatMapsNoRootWarnsAndServes) {
+  // In a user namespace that maps only its user (a rootless container, Bazel's sandbox run
+  // by a user), "/" and /tmp show as the overflow uid: the walk up to "/" refused every
+  // path there, a review found. Such folders now pass with a warning, and B's own folder
+  // is served.
+  std::string sock = dir_of(kUidB);
+  ASSERT_FALSE(sock.empty());
+  int pe[2];
+  ASSERT_EQ(pipe2(pe, O_CLOEXEC), 0);
+  // Opened as root: B may not reach the runfiles, which lie under root's home.
+  int bin = open(runfile("tools/cxrpcd/cxrpcd").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(bin, 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(pe[1], 2);
+    if (setgroups(0, nullptr) != 0 || setresgid(kUidB, kUidB, kUidB) != 0 ||
+        setresuid(kUidB, kUidB, kUidB) != 0)
+      _exit(126);
+    prctl(PR_SET_DUMPABLE, 1);  // after setuid /proc/self is root's: uid_map could not open
+    if (unshare(CLONE_NEWUSER) != 0) _exit(125);  // user namespaces not allowed here
+    int m = open("/proc/self/uid_map", O_WRONLY | O_CLOEXEC);
+    std::string map = std::to_string(kUidB) + " " + std::to_string(kUidB) + " 1\n";
+    if (m < 0 || write(m, map.data(), map.size()) != (ssize_t)map.size()) _exit(124);
+    close(m);
+    char *const argv[] = {(char *)"cxrpcd", (char *)"serve", (char *)"--socket",
+                          (char *)sock.c_str(), nullptr};
+    fexecve(bin, argv, environ);
+    _exit(127);
+  }
+  close(bin);
+  close(pe[1]);
+  struct stat st;
+  int status = 0;
+  bool listening = false, exited = false;
+  for (int i = 0; i < 500 && !listening && !exited; i++) {  // bounded: 5 s
+    listening = lstat(sock.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+    if (!listening && !exited) usleep(10000);
+  }
+  if (!exited) {
+    kill(pid, SIGTERM);
+    waitpid(pid, &status, 0);
+  }
+  char msg[1024] = {};
+  (void)!read(pe[0], msg, sizeof msg - 1);
+  close(pe[0]);
+  remove_dir_of(sock);
+  if (exited && WIFEXITED(status) && WEXITSTATUS(status) == 125)
+    GTEST_SKIP() << "this kernel does not let a user make a user namespace";
+  ASSERT_FALSE(exited && WIFEXITED(status) && WEXITSTATUS(status) >= 124)
+      << "setting up the namespace failed: " << WEXITSTATUS(status);
+  EXPECT_TRUE(listening) << "cxrpcd did not serve in its own folder: " << msg;
+  EXPECT_NE(strstr(msg, "outside this user namespace"), nullptr) << msg;
 }
 
 TEST_F(CxrpcdUsers, OneUserAtAPidsBoundLeavesPlacesForThatPidToAnother) {

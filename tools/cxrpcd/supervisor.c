@@ -584,22 +584,54 @@ static void on_notify(sup *s, int pi, struct seccomp_notif *req,
   seccomp_notify_respond(p->nfd, resp);
 }
 
+/* The uid files show whose owner this user namespace does not map (the kernel's overflow
+ * uid), or -1 in the initial namespace (uid_map "0 0 4294967295"), where that uid is a real
+ * user's like any other. */
+static long long unmapped_uid(void) {
+  unsigned long long in = 1, out = 1, count = 0;
+  FILE *f = fopen("/proc/self/uid_map", "re");
+  int n = f ? fscanf(f, "%llu %llu %llu", &in, &out, &count) : 0;
+  if (f) fclose(f);
+  if (n == 3 && in == 0 && out == 0 && count == 4294967295ull) return -1;
+  long long uid = 65534; /* the kernel's default when the sysctl cannot be read */
+  if ((f = fopen("/proc/sys/fs/overflowuid", "re")) != NULL) {
+    if (fscanf(f, "%lld", &uid) != 1) uid = 65534;
+    fclose(f);
+  }
+  return uid;
+}
+
+/* Whether what stands at `what` (st: its lstat) is root's or ours: 0, or CXR_EPERM (said on
+ * stderr). In a user namespace that maps no root (a rootless container, Bazel's sandbox run
+ * by a user) what the host's root owns shows as the overflow uid, as does what any other
+ * user outside owns: its owner cannot be known from inside, so it passes with a warning
+ * rather than making cxrpcd unusable there. */
+static int owner_ok(const char *kind, const char *what, const struct stat *st) {
+  if (st->st_uid == 0 || st->st_uid == geteuid()) return 0;
+  static long long unmapped = -2;
+  if (unmapped == -2) unmapped = unmapped_uid();
+  if (unmapped >= 0 && st->st_uid == (uid_t)unmapped) {
+    fprintf(stderr, "cxrpcd: warning: the %s %s belongs to a user outside this user namespace"
+            " (uid %u here), whom cxrpcd cannot check\n", kind, what, (unsigned)st->st_uid);
+    return 0;
+  }
+  fprintf(stderr, "cxrpcd: the %s %s belongs to uid %u (neither root nor ours), who could"
+          " replace the socket or a folder on its path; not starting\n", kind, what,
+          (unsigned)st->st_uid);
+  return CXR_EPERM;
+}
+
 /* Whether directory dir (st: its lstat) is one only we (or root) decide the entries of: 0,
  * or CXR_EPERM (said on stderr). Its owner, or anyone who may write to it without the
  * sticky bit, can rename or unlink what stands in it and put something else there. */
 static int dir_is_ours(const char *dir, const struct stat *st) {
-  if (st->st_uid != 0 && st->st_uid != geteuid()) {
-    fprintf(stderr, "cxrpcd: the folder %s belongs to uid %u (neither root nor ours), who could"
-            " replace the socket or a folder on its path; not starting\n", dir,
-            (unsigned)st->st_uid);
-    return CXR_EPERM;
-  }
-  if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
+  int rc = owner_ok("folder", dir, st);
+  if (rc == 0 && (st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
     fprintf(stderr, "cxrpcd: the folder %s is writable by others without the sticky bit"
             " (mode %04o); not starting\n", dir, (unsigned)(st->st_mode & 07777));
     return CXR_EPERM;
   }
-  return 0;
+  return rc;
 }
 
 /* The absolute path of the socket's directory, in dir (PATH_MAX bytes): 0 or CXR_E*. */
@@ -642,7 +674,10 @@ static int check_walk(char *walk, size_t *start, size_t *end) {
       fprintf(stderr, "cxrpcd: cannot check the folder %s: %s\n", walk, strerror(errno));
       rc = cxr__from_errno(errno);
     } else {
-      rc = S_ISLNK(st.st_mode) ? 1 : S_ISDIR(st.st_mode) ? dir_is_ours(walk, &st) : CXR_ENOENT;
+      /* A symlink's owner may re-point it even in a sticky folder (/tmp): it must be root's
+       * or ours like the folders (a review found another user's link in /tmp passed). */
+      if (S_ISLNK(st.st_mode)) rc = owner_ok("symlink", walk, &st) == 0 ? 1 : CXR_EPERM;
+      else rc = S_ISDIR(st.st_mode) ? dir_is_ours(walk, &st) : CXR_ENOENT;
     }
     walk[*end] = saved;
   }
