@@ -244,6 +244,43 @@ TEST_F(CxrpcdUsers, AnotherUserCannotAttachOrRegisterForAProcess) {
   close(given);
 }
 
+TEST_F(CxrpcdUsers, ATableRegisteredFirstByAnotherUserLastsWhileItsServerHoldsIt) {
+  // A table registered for a pid was refused (CXR_EEXIST) to every later registrant: uid B,
+  // who got hold of the table A's server gave A, registered it for A's process first, and
+  // A's server was refused (rpc then refuses its sealed calls) while the process's
+  // protection lasted only as long as B's connection. Now each registrant holds the table
+  // for that process, and the registration lasts until the last of them drops it.
+  ASSERT_TRUE(serve());
+  cxr__seal_hdr *w = nullptr;
+  int given = window_holding_table(&w);  // what A's server gives A: every raise refused
+  ASSERT_GE(given, 0);
+  Puppet p;
+  ASSERT_TRUE(spawn_puppet(sup, kUidA, given, &p));
+  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  ASSERT_EQ(puppet_do(&p, 'r'), -ENOMEM);
+  pid_t victim = p.pid;
+  pid_t b = as_user(kUidB, io[1], [&](int out) {  // keeps its connection open until killed
+    int c = cxr__cxrpcd_connect(sup.sock.c_str(), 1000000000ll);
+    put_int(out, c < 0 ? c : register_on(c, victim, given));
+  });
+  int rc = -1;
+  ASSERT_TRUE(read_ints(io[0], &rc, 1));
+  ASSERT_EQ(rc, 0) << "uid " << kUidB << " could not register the table";
+  int conn = -1;  // A's server (root here) registers the same table
+  EXPECT_EQ(request(sup, CXR__MSG_REGISTER, victim, 0, 0, given, &conn), 0);
+  end(b);  // B's connection closed (its process is gone once end returns)
+  // cxrpcd has read B's hangup before it accepts a later connection (clients first).
+  ASSERT_TRUE(stats_answer(sup));
+  EXPECT_EQ(puppet_do(&p, 'r'), -EPERM) << "A's registration ended with uid " << kUidB
+                                        << "'s connection";
+  close(conn);  // the last registrant: the table no longer counts
+  ASSERT_TRUE(stats_answer(sup));
+  EXPECT_EQ(puppet_do(&p, 'r'), -ENOMEM);
+  end_puppet(&p);
+  munmap(w, cxr__seal_bytes(4));
+  close(given);
+}
+
 TEST_F(CxrpcdUsers, ARegistrationEndsWithTheProcessItNames) {
   // A registration named a pid and lasted while its registrant's connection did: once the
   // process exited, the next process given its pid (of any user) was decided with the old

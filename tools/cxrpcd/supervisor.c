@@ -56,8 +56,13 @@
  * CXR_EFULL), or make each of its decisions walk 2^27 records (~150 ms, cxrpcd answering no
  * one meanwhile). The pid's bound used to be one for all registrants: one user (any server
  * the process took tables from) could take it all and have every other server's
- * registration for that process refused; now it takes at most a quarter, as elsewhere. The
- * same table (dev, ino) for the same pid is registered once. */
+ * registration for that process refused; now it takes at most a quarter, as elsewhere. A
+ * table (dev, ino) already registered for the pid by another connection is taken again: an
+ * entry per (pid, table, connection), each counted in its own registrant's bounds, of which
+ * decisions walk the table once (reg.walked) and the pid's bound in all counts it once. It
+ * used to be refused (CXR_EEXIST) to every later registrant: a user who got hold of a
+ * server's table registered it first, and the process's protection then ended with that
+ * user's connection while the server's registration had been refused. */
 #define REGS_PER_PID 64
 #define PID_TABLE_BYTES (2 * cxr__seal_bytes(CXR_SEAL_SLOTS_MAX))
 #define PID_SHARES 4
@@ -84,6 +89,7 @@ typedef struct reg {
   uid_t uid; /* the registrant's */
   uint64_t dev, ino; /* the table file */
   int pidfd; /* the process it names: the registration ends with it (see drop_gone_regs) */
+  bool walked; /* the one entry of its (pid, table) whose table decisions walk */
 } reg;
 
 typedef struct client {
@@ -208,6 +214,19 @@ static bool is_listener(int fd) {
   return ioctl(fd, SECCOMP_IOCTL_NOTIF_ID_VALID, &bogus) != 0 && errno == ENOENT;
 }
 
+/* Before entry r goes: another entry of its (pid, table), if any, becomes the walked one
+ * (the table still counts in decisions for as long as any registrant holds it). */
+static void hand_on_walk(sup *s, int r) {
+  const reg *g = &s->regs[r];
+  if (!g->walked) return;
+  for (int q = 0; q < s->nregs; q++)
+    if (q != r && s->regs[q].pid == g->pid && s->regs[q].dev == g->dev &&
+        s->regs[q].ino == g->ino) {
+      s->regs[q].walked = true;
+      return;
+    }
+}
+
 /* Its owner's count goes down with it: a connection whose registrations all ended is an idle
  * one again (closed once 1 s has passed since its last request, the first its uid gives
  * up). The count used to be a flag set for good, so such a connection was never closed and
@@ -215,6 +234,7 @@ static bool is_listener(int fd) {
 static void drop_reg(sup *s, int r) {
   for (int i = 0; i < s->nclients; i++)
     if (s->clients[i].fd == s->regs[r].owner) s->clients[i].holds--;
+  hand_on_walk(s, r);
   munmap(s->regs[r].mem, s->regs[r].bytes);
   close(s->regs[r].pidfd);
   s->regs[r] = s->regs[--s->nregs];
@@ -327,25 +347,33 @@ static bool maps_file(int64_t pid, dev_t dev, ino_t ino) {
   return found;
 }
 
-/* Whether uid may register for pid the table st describes: 0, CXR_EEXIST (that table is
- * registered for pid) or CXR_EFULL (a bound is reached: see REGS_PER_PID). */
-static int reg_room(const sup *s, uid_t uid, int64_t pid, const struct stat *st) {
+/* Whether uid, on connection cfd, may register for pid the table st describes: 0,
+ * CXR_EEXIST (this connection registered that table for pid) or CXR_EFULL (a bound is
+ * reached: see REGS_PER_PID). *shared: another connection registered it for pid (its
+ * decisions walk it already, so the pid's bound in all is not asked). */
+static int reg_room(const sup *s, int cfd, uid_t uid, int64_t pid, const struct stat *st,
+                    bool *shared) {
   int by_uid = 0, by_pid = 0, by_both = 0;
   size_t pid_bytes = (size_t)st->st_size, both_bytes = (size_t)st->st_size;
+  *shared = false;
   for (int r = 0; r < s->nregs; r++) {
     const reg *g = &s->regs[r];
     by_uid += g->uid == uid;
     if (g->pid != pid) continue;
-    if (g->dev == (uint64_t)st->st_dev && g->ino == (uint64_t)st->st_ino) return CXR_EEXIST;
-    by_pid++;
-    pid_bytes += g->bytes;
+    if (g->dev == (uint64_t)st->st_dev && g->ino == (uint64_t)st->st_ino) {
+      if (g->owner == cfd) return CXR_EEXIST;
+      *shared = true;
+    }
+    by_pid += g->walked;
+    pid_bytes += g->walked ? g->bytes : 0;
     if (g->uid != uid) continue;
     by_both++;
     both_bytes += g->bytes;
   }
   if (by_uid >= s->regs_per_uid || by_both >= REGS_PER_PID || both_bytes > PID_TABLE_BYTES)
     return CXR_EFULL;
-  if (by_pid >= PID_SHARES * REGS_PER_PID || pid_bytes > PID_SHARES * PID_TABLE_BYTES)
+  if (!*shared &&
+      (by_pid >= PID_SHARES * REGS_PER_PID || pid_bytes > PID_SHARES * PID_TABLE_BYTES))
     return CXR_EFULL;
   return 0;
 }
@@ -365,7 +393,8 @@ static int add_reg(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd, int pidfd)
   if (rc) return rc;
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 26)) return CXR_ECORRUPT;
-  rc = reg_room(s, cr.uid, m->pid, &st);
+  bool shared;
+  rc = reg_room(s, cfd, cr.uid, m->pid, &st, &shared);
   if (rc) return rc;
   /* The sender took this table: it maps it (rpc's client maps its server's table before
    * its first sealed call, which is when the server registers). Anyone who could reach the
@@ -384,7 +413,8 @@ static int add_reg(sup *s, int cfd, const cxr__cxrpcd_msg *m, int fd, int pidfd)
   if (m->size && cxr__vma_backing_of((int)m->pid, m->base, &dev, &ino, &off) != 0) dev = ino = 0;
   s->regs[s->nregs++] = (reg){m->pid, mem, (size_t)st.st_size,
                               {(const void *)(uintptr_t)m->base, (size_t)m->size}, dev, ino, cfd,
-                              cr.uid, (uint64_t)st.st_dev, (uint64_t)st.st_ino, pidfd};
+                              cr.uid, (uint64_t)st.st_dev, (uint64_t)st.st_ino, pidfd,
+                              !shared};
   CXR_INFO("cxrpcd: seal table registered for pid %lld", (long long)m->pid);
   return 0;
 }
@@ -558,8 +588,10 @@ static void on_notify(sup *s, int pi, struct seccomp_notif *req,
   size_t nt = 0, nh = 0;
   for (int r = 0; r < s->nregs; r++) {
     if (s->regs[r].pid != tgid) continue;
-    tables[nt] = s->regs[r].mem;
-    bytes[nt++] = s->regs[r].bytes;
+    if (s->regs[r].walked) { /* a table several registrants hold is walked once */
+      tables[nt] = s->regs[r].mem;
+      bytes[nt++] = s->regs[r].bytes;
+    }
     if (s->regs[r].heap.len) heaps[nh++] = s->regs[r].heap;
   }
   cxr__policy_view v = {p->wbase, p->wsize, tables, bytes, nt, heaps, nh, false};
