@@ -8,6 +8,7 @@
 #include <grp.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/sysmacros.h>
 
 #include "tests/sandbox/harness.h"
 
@@ -294,6 +295,26 @@ inline void end_puppet(Puppet *p) {
   if (p->pid > 0) kill(p->pid, SIGKILL), waitpid(p->pid, nullptr, 0);
   close(p->ctl);
   p->pid = -1;
+}
+
+// How many of process pid's mappings are of fd's file (/proc/pid/maps), or -1 if unreadable.
+inline int mappings_of(pid_t pid, int fd) {
+  struct stat st;
+  FILE *f = fopen(("/proc/" + std::to_string(pid) + "/maps").c_str(), "re");
+  if (!f || fstat(fd, &st) != 0) {
+    if (f) fclose(f);
+    return -1;
+  }
+  int n = 0;
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    unsigned maj, mnr;
+    unsigned long long ino;
+    if (sscanf(line, "%*x-%*x %*s %*x %x:%x %llu", &maj, &mnr, &ino) == 3)
+      n += maj == major(st.st_dev) && mnr == minor(st.st_dev) && ino == st.st_ino;
+  }
+  fclose(f);
+  return n;
 }
 
 // Its exit status within 5 s, or -1 (then it is killed).

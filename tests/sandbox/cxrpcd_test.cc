@@ -278,6 +278,35 @@ TEST(CxrpcdRegister, AConnectionWhoseRegistrationsEndedHoldsNoPlace) {
   stop_supervisor(&sup);
 }
 
+TEST(CxrpcdRegister, ARegistrationOfAnExitedProcessGoesWithoutARequest) {
+  // A registration whose process had exited was dropped only when a request asked
+  // (a REGISTER, a notification for its pid, a connection of a uid at its bound): until then
+  // cxrpcd kept its mapping of the table, its pidfd and its registrant's place. Now its
+  // pidfd is in cxrpcd's poll: here the process exits and, with no request sent, cxrpcd
+  // unmaps the table and closes the registrant's connection (idle once it holds nothing).
+  Supervisor sup;
+  ASSERT_TRUE(start_supervisor(&sup));
+  cxr__seal_hdr *w = nullptr;
+  int table = fake_table(4, kTableSeals, &w);
+  ASSERT_GE(table, 0);
+  Puppet p;
+  ASSERT_TRUE(spawn_puppet(sup, 0, table, &p));
+  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  int conn = -1;
+  ASSERT_EQ(request(sup, CXR__MSG_REGISTER, p.pid, 0, 0, table, &conn), 0);
+  ASSERT_EQ(mappings_of(sup.pid, table), 1);
+  end_puppet(&p);
+  int left = -1;  // bounded: 10 s (it goes within the loop's next pass)
+  for (int i = 0; i < 1000 && (left = mappings_of(sup.pid, table)) != 0; i++) usleep(10000);
+  EXPECT_EQ(left, 0) << "cxrpcd still maps the table of a process that exited";
+  struct pollfd pf = {conn, POLLIN, 0};  // closed 1 s after its request, once it holds none
+  EXPECT_EQ(poll(&pf, 1, 5000), 1) << "the registrant's connection still holds its place";
+  close(conn);
+  munmap(w, cxr__seal_bytes(4));
+  close(table);
+  stop_supervisor(&sup);
+}
+
 TEST(CxrpcdRegister, APidsTablesAreBoundedSoADecisionStaysCheap) {
   // A process registered its own largest table (2^20 records) 128 times for itself: each
   // of its raises then walked 2^27 records (~150 ms) while cxrpcd answered no one. Now a

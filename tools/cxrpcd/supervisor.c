@@ -1,6 +1,7 @@
 /*
  * The supervisor loop. One thread, poll(2) over: the listening socket, client connections
- * (launchers attaching a notify fd, receivers registering seal tables), and the notify fds.
+ * (launchers attaching a notify fd, receivers registering seal tables), the notify fds, and
+ * the pidfds of the processes registrations name (a registration goes once its process has).
  * Each notification is decided from the syscall's scalar arguments and the registered
  * tables (which this process maps read-only itself, so it reads the same records the
  * receiver writes), then answered CONTINUE or EPERM. Single-threaded on purpose: decisions
@@ -485,8 +486,9 @@ static int count_of(const sup *s, uid_t uid, int *oldest) {
 
 /* A new connection. A uid at its bound gives up its own oldest connection that holds no
  * registration (a fresh client of a user is served; a user who opens many waits only on
- * itself), else the new one is closed. Registrations are dropped only when asked about, so
- * when every one holds, those whose processes ended are dropped first. */
+ * itself), else the new one is closed. When every one holds, those whose processes ended
+ * are dropped first (the loop drops them once it sees their pidfds, which may be later in
+ * this same pass). */
 static void on_accept(sup *s, int c) {
   struct ucred cr;
   socklen_t len = sizeof cr;
@@ -779,6 +781,17 @@ static int bind_for_all(int fd, const struct sockaddr_un *a) {
   return rc;
 }
 
+/* Whether any of pf[0..n) polled ready. The loop polls the registrations' pidfds so that
+ * those of exited processes go (their mappings and pidfds, and their connections' places)
+ * soon after the exit: they used to go only when a request asked (drop_gone_regs' callers),
+ * lingering while no one registered, attached from a full uid or was notified for the pid.
+ * Which ones ended is asked again (drop_gone_regs): the handlers above move entries. */
+static bool any_revents(const struct pollfd *pf, int n) {
+  for (int i = 0; i < n; i++)
+    if (pf[i].revents) return true;
+  return false;
+}
+
 static int share(int n) { return n / 4 > 1 ? n / 4 : 1; }
 
 /* Cuts the tables to the descriptors RLIMIT_NOFILE leaves (see FD_RESERVE): a quarter
@@ -831,7 +844,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     free(s);
     return CXR_ENOMEM;
   }
-  static struct pollfd pf[1 + MAX_CLIENTS + MAX_PROCS];
+  static struct pollfd pf[1 + MAX_CLIENTS + MAX_PROCS + MAX_REGS];
   while (!*stop) {
     int n = 0, ms = expire(s);
     /* A full table leaves new connections in the backlog until a client goes. */
@@ -845,6 +858,9 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
       pf[n++] = (struct pollfd){.fd = s->clients[i].fd, .events = POLLIN};
     for (int i = 0; i < s->nprocs; i++)
       pf[n++] = (struct pollfd){.fd = s->procs[i].nfd, .events = POLLIN};
+    int first_reg = n;
+    for (int i = 0; i < s->nregs; i++)
+      pf[n++] = (struct pollfd){.fd = s->regs[i].pidfd, .events = POLLIN};
     int r = poll(pf, (nfds_t)n, ms);
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
@@ -860,6 +876,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     }
     for (int i = nc - 1; i >= 0; i--)
       if (pf[1 + i].revents) on_client(s, i);
+    if (any_revents(pf + first_reg, n - first_reg)) drop_gone_regs(s, -1);
     if (pf[0].revents & POLLIN) {
       int c = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK); /* see reply() */
       if (c >= 0) {
