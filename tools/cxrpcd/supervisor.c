@@ -487,8 +487,8 @@ static int count_of(const sup *s, uid_t uid, int *oldest) {
 /* A new connection. A uid at its bound gives up its own oldest connection that holds no
  * registration (a fresh client of a user is served; a user who opens many waits only on
  * itself), else the new one is closed. When every one holds, those whose processes ended
- * are dropped first (the loop drops them once it sees their pidfds, which may be later in
- * this same pass). */
+ * are dropped first (the loop drops them when their pidfds are ready before its poll; a
+ * process that ended since is seen on a later pass). */
 static void on_accept(sup *s, int c) {
   struct ucred cr;
   socklen_t len = sizeof cr;
