@@ -134,44 +134,6 @@ void cxr__conn_cb(ucp_conn_request_h req, void *arg) {
 #define HELLOS_CLIENT_MAX 16
 #define HELLOS_SHARED_MAX 1024
 
-bool cxr__place_take(cxr__places *p, ucp_ep_h uep, unsigned each, unsigned shared) {
-  cxr__place *c = p->clients;
-  while (c && c->uep != uep) c = c->next;
-  if (c == NULL) { /* a client's first place is its own: no bound but its endpoint's cost */
-    if ((c = calloc(1, sizeof *c)) == NULL) return false;
-    *c = (cxr__place){.next = p->clients, .uep = uep, .out = 1};
-    p->clients = c;
-    return true;
-  }
-  if (c->out >= each || p->out >= shared) return false;
-  c->out++;
-  p->out++;
-  return true;
-}
-
-void cxr__place_give(cxr__places *p, ucp_ep_h uep) {
-  for (cxr__place **pp = &p->clients; *pp; pp = &(*pp)->next) {
-    cxr__place *c = *pp;
-    if (c->uep != uep) continue;
-    if (--c->out > 0) {
-      p->out--; /* places are alike: the client's own is the last one given */
-    } else {
-      *pp = c->next;
-      free(c);
-    }
-    break;
-  }
-}
-
-void cxr__places_drop(cxr__places *p) {
-  while (p->clients) {
-    cxr__place *c = p->clients;
-    p->clients = c->next;
-    free(c);
-  }
-  p->out = 0;
-}
-
 /* Takes a place for one answer on `uep`: false when the client or the engine has none left. */
 static bool hello_place_take(cxr_rdma *r, ucp_ep_h uep) {
   pthread_mutex_lock(&r->lock);

@@ -9,6 +9,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cxrpc/rdma.h>
+#include "rdma/places.h"
 #include "shm/log.h"
 
 /* Internal message ids (users get CXR_RDMA_AM_USER_MIN and above). */
@@ -131,29 +132,6 @@ typedef struct rdma_defer {
  * connection and aborted the parent (tests/rdma/rdma_test). cxr_rdma_open refuses too once
  * the epoch moved: a new engine in such a child does not work. */
 extern _Atomic unsigned cxr__rdma_fork_epoch;
-
-/* Places for answers posted and not yet sent, counted per client (the UCX endpoint they go
- * on), so that a client that never reads fills only its own (the engine's hello answers;
- * rpc/remote_server.c's answers outside connections). Every client may always have one
- * answer out; its others come from a pool shared by all clients, so clients that flood
- * cannot take every place either. A client's entry lives only while it has answers out.
- * No lock of its own: the caller's. */
-typedef struct cxr__place {
-  struct cxr__place *next;
-  ucp_ep_h uep;
-  unsigned out;
-} cxr__place;
-typedef struct cxr__places {
-  cxr__place *clients;
-  unsigned out;  /* shared places taken: all clients' beyond each one's first */
-} cxr__places;
-/* Takes a place for one answer on `uep`: false when that client has `each` out, the shared
- * pool's `shared` are taken, or there is no memory (ep.c). */
-bool cxr__place_take(cxr__places *p, ucp_ep_h uep, unsigned each, unsigned shared);
-/* Gives it back (no UCX calls: inside UCX callbacks too). */
-void cxr__place_give(cxr__places *p, ucp_ep_h uep);
-/* Frees the entries left (places of answers UCX will never finish). */
-void cxr__places_drop(cxr__places *p);
 
 struct cxr_rdma {
   unsigned epoch;         /* cxr__rdma_fork_epoch when opened (a fork child's copy is older) */
