@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "rdma/internal.h"
+#include "rdma/open_ucx.h"
 #include "shm/env.h"
 
 int cxr__rdma_status(ucs_status_t s) {
@@ -772,7 +773,24 @@ static void tcp_connect_nonblocking(ucp_config_t *cfg) {
     CXR_WARN("rdma: cannot make UCX's TCP connects non-blocking: %s", ucs_status_string(st));
 }
 
+/* The caller's settings for this engine (open_ucx.h): false when UCX refuses one. */
+static bool config_modify(ucp_config_t *cfg, const char *const *kv) {
+  for (; kv != NULL && kv[0] != NULL; kv += 2) {
+    ucs_status_t st = kv[1] ? ucp_config_modify(cfg, kv[0], kv[1]) : UCS_ERR_INVALID_PARAM;
+    if (st != UCS_OK) {
+      CXR_ERR("rdma: UCX refuses %s=%s: %s", kv[0], kv[1] ? kv[1] : "(none)",
+              ucs_status_string(st));
+      return false;
+    }
+  }
+  return true;
+}
+
 int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
+  return cxr__rdma_open_ucx(out, o, NULL);
+}
+
+int cxr__rdma_open_ucx(cxr_rdma **out, const cxr_rdma_opts *o, const char *const *kv) {
   if (out == NULL) return CXR_EINVAL;
   *out = NULL;
   static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -815,6 +833,11 @@ int cxr_rdma_open(cxr_rdma **out, const cxr_rdma_opts *o) {
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
   if (st != UCS_OK) goto fail;
   tcp_connect_nonblocking(cfg);
+  if (!config_modify(cfg, kv)) {
+    ucp_config_release(cfg);
+    rc = CXR_EINVAL;
+    goto fail;
+  }
   ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                      .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_AMO64 |
                                  UCP_FEATURE_WAKEUP,

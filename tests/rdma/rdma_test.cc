@@ -21,6 +21,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cxrpc/rdma.h>
+#include "rdma/open_ucx.h"
 #include "tests/rdma/peer.h"
 
 namespace {
@@ -1113,6 +1114,30 @@ TEST(RdmaOpts, ABadSizeInTheEnvironmentKeepsTheDefaultAndIsWarnedAbout) {
   cxr_rdma_opts_init(&o);
   EXPECT_EQ(o.msg_max, (size_t)3 << 20);
   unsetenv("CXRPC_RDMA_MSG_MAX");
+}
+
+// An engine opened with UCX settings of its own (rdma/open_ucx.h, what tests use instead of
+// setting UCX_* in the environment while other engines' threads read it): a setting UCX
+// refuses, or a key without a value, fails the open with CXR_EINVAL and leaves no engine;
+// settings it takes open one that works, and leave the environment as it was.
+TEST(Rdma, AnEngineOpensWithUcxSettingsOfItsOwn) {
+  cxr_rdma *r = nullptr;
+  const char *const bad[] = {"RNDV_THRESH", "not-a-size", nullptr};
+  EXPECT_EQ(cxr__rdma_open_ucx(&r, nullptr, bad), CXR_EINVAL);
+  EXPECT_EQ(r, nullptr);
+  const char *const novalue[] = {"RCVBUF", nullptr, nullptr};
+  EXPECT_EQ(cxr__rdma_open_ucx(&r, nullptr, novalue), CXR_EINVAL);
+  const char *const ok[] = {"RCVBUF", "64k", "SNDBUF", "64k", nullptr};
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  o.listen = "127.0.0.1:0";
+  ASSERT_EQ(cxr__rdma_open_ucx(&r, &o, ok), 0);
+  EXPECT_EQ(getenv("UCX_TCP_RCVBUF"), nullptr);
+  cxr_rdma_ep *ep = nullptr;
+  std::string self = "127.0.0.1:" + std::to_string(cxr_rdma_port(r));
+  EXPECT_EQ(cxr_rdma_connect(r, self.c_str(), 0, &ep), 0) << "it connects to itself";
+  if (ep) cxr_rdma_ep_close(ep);
+  cxr_rdma_close(r);
 }
 
 }  // namespace

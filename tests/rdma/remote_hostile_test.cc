@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <cxrpc/rdma.h>
+#include "rdma/open_ucx.h"
 #include "rpc/remote_wire.h"
 #include "tests/rdma/proc.h"
 
@@ -480,15 +481,14 @@ struct Flooder {
 
   static void on_answer(cxr_rdma_msg *, void *user) { ((std::atomic<int> *)user)->fetch_add(1); }
   bool start(const std::string &host) {
-    // (UCX reads its configuration from the environment when the engine opens.) A large
+    // A small receive buffer: the answers back up soon once it stops reading. A large
     // send buffer: what it posts while its progress thread is held goes out only as far as
-    // the socket takes it.
-    setenv("UCX_TCP_RCVBUF", "4k", 1);
-    setenv("UCX_TCP_SNDBUF", "4m", 1);
-    int rc = cxr_rdma_open(&r, nullptr);
-    unsetenv("UCX_TCP_RCVBUF");
-    unsetenv("UCX_TCP_SNDBUF");
-    return rc == 0 && cxr_rdma_am_set(r, R_OPEN_REP, on_answer, &answers) == 0 &&
+    // the socket takes it. For this engine alone: setting UCX_TCP_* in the environment
+    // around the open raced with other engines' threads calling getenv (setenv may move
+    // environ). The keys are the transport's field names (open_ucx.h).
+    const char *const kv[] = {"RCVBUF", "4k", "SNDBUF", "4m", nullptr};
+    return cxr__rdma_open_ucx(&r, nullptr, kv) == 0 &&
+           cxr_rdma_am_set(r, R_OPEN_REP, on_answer, &answers) == 0 &&
            cxr_rdma_am_set(r, R_CLOSE_REP, on_answer, &answers) == 0 &&
            cxr_rdma_am_set(r, R_CALL_REP, on_answer, &answers) == 0 &&
            cxr_rdma_connect(r, host.c_str(), 0, &ep) == 0 && round_trip() && hold(r, held);
