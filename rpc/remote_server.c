@@ -234,8 +234,8 @@ static void answer_dropped(struct cxr__rlisten *l, const char *what) {
   uint64_t n = __atomic_add_fetch(&l->answers_dropped, 1, __ATOMIC_RELAXED);
   if (cxr__log_due(n))
     CXR_WARN("remote %s: %s goes unanswered: its client leaves %u answers unsent (or all "
-             "clients %u), or it asked for none; %llu dropped so far", l->ch->name, what, ANSWERS_CLIENT_MAX,
-             ANSWERS_OUT_MAX, (unsigned long long)n);
+             "clients %u), or it asked for none; %llu dropped so far", l->ch->name, what,
+             ANSWERS_CLIENT_MAX, ANSWERS_OUT_MAX, (unsigned long long)n);
 }
 
 /* What a posted answer holds until UCX is done with it: its place (the header is the
