@@ -23,6 +23,7 @@ namespace {
 struct PollState {
   std::atomic<int> fail{0};          // nonzero: polls over pidfds fail with ENOMEM
   std::atomic<long> pidfd_polls{0};  // polls over pidfds so far
+  std::atomic<int> fail_main{0};     // the next this many main-loop polls fail with ENOMEM
 };
 
 PollState *g_polls;  // set in the serving child only
@@ -78,6 +79,12 @@ PollState *shared_poll_state() {
 // here looks like a read of something uninitialized to the compiler.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 extern "C" int poll(struct pollfd *fds, nfds_t n, int timeout) {
+  // The main loop's poll: several descriptors, the listening socket (or -1) first.
+  if (g_polls && n > 1 && !is_pidfd(fds[0].fd) && g_polls->fail_main > 0) {
+    g_polls->fail_main--;
+    errno = ENOMEM;
+    return -1;
+  }
   if (g_polls && n > 0 && is_pidfd(fds[0].fd)) {
     g_polls->pidfd_polls++;
     if (g_polls->fail) {
@@ -156,6 +163,27 @@ TEST(CxrpcdPidfd, ARegistrationPollsThePidfdsOnce) {
     munmap(views[i], cxr__seal_bytes(4));
     close(tables[i]);
   }
+  stop_supervisor(&sup);
+  munmap(ps, sizeof *ps);
+}
+
+TEST(CxrpcdPidfd, AFailedMainPollDoesNotEndServe) {
+  // The main loop's poll failing (ENOMEM, the kernel's memory) ended `serve` at once, and
+  // with it every supervised process's raises failed for good. Now it waits 10 ms and polls
+  // again (for up to 5 s of failures in a row): 20 failures later it still answers.
+  PollState *ps = shared_poll_state();
+  ASSERT_NE(ps, nullptr);
+  Supervisor sup;
+  ASSERT_TRUE(serve_here(&sup, ps));
+  ps->fail_main = 20;
+  int c = cxr__cxrpcd_connect(sup.sock.c_str(), 10000000000ll);  // bounded: 10 s
+  ASSERT_GE(c, 0);
+  close(c);
+  for (int i = 0; i < 300 && ps->fail_main > 0; i++) usleep(10000);  // bounded: 3 s
+  EXPECT_EQ(ps->fail_main, 0) << "the main loop stopped polling";
+  int st = 0;
+  EXPECT_EQ(waitpid(sup.pid, &st, WNOHANG), 0) << "cxrpcd stopped after a failed poll";
+  EXPECT_EQ(request(sup, CXR__MSG_STATS, 0, 0, 0, -1), 0) << "cxrpcd does not answer";
   stop_supervisor(&sup);
   munmap(ps, sizeof *ps);
 }

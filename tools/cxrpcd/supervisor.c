@@ -27,6 +27,7 @@
 #include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sandbox/internal.h"
@@ -484,6 +485,22 @@ static int count_of(const sup *s, uid_t uid, int *oldest) {
   return n;
 }
 
+/* Whether to poll again after the main poll failed `times` in a row with err (and waited
+ * 10 ms). Only ENOMEM gets here (the other errors are ours to avoid): serve used to end at
+ * the first, and with it every supervised process's raises failed for good; a shortage
+ * that lasts 5 s still ends it, as a supervised thread waits for our answer meanwhile. */
+static bool poll_failure(unsigned times, int err) {
+  if (err != ENOMEM || times > 500) {
+    CXR_ERR("cxrpcd: poll failed %u times in a row (%s); stopping", times, strerror(err));
+    return false;
+  }
+  if (cxr__log_due(times))
+    CXR_WARN("cxrpcd: poll failed (%s); trying again (%u in a row)", strerror(err), times);
+  struct timespec nap = {0, 10000000};
+  nanosleep(&nap, NULL);
+  return true;
+}
+
 /* A new connection. A uid at its bound gives up its own oldest connection that holds no
  * registration (a fresh client of a user is served; a user who opens many waits only on
  * itself), else the new one is closed. When every one holds, those whose processes ended
@@ -845,6 +862,7 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     return CXR_ENOMEM;
   }
   static struct pollfd pf[1 + MAX_CLIENTS + MAX_PROCS + MAX_REGS];
+  unsigned poll_failed = 0; /* polls failed in a row (ENOMEM: the kernel's memory) */
   while (!*stop) {
     int n = 0, ms = expire(s);
     /* A full table leaves new connections in the backlog until a client goes. */
@@ -862,7 +880,8 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
     for (int i = 0; i < s->nregs; i++)
       pf[n++] = (struct pollfd){.fd = s->regs[i].pidfd, .events = POLLIN};
     int r = poll(pf, (nfds_t)n, ms);
-    if (r < 0 && errno != EINTR) break;
+    if (r < 0 && errno != EINTR && !poll_failure(++poll_failed, errno)) break;
+    if (r >= 0) poll_failed = 0;
     if (r <= 0) continue;
     /* Notifications first: a supervised thread is blocked until we answer. */
     int nc = s->nclients;
