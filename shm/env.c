@@ -6,8 +6,7 @@
 
 #include "shm/log.h"
 
-#define WINDOW_ALIGN (2ull << 20)      /* shm's CXR_RANGE_ALIGN: the registry's ranges */
-#define WINDOW_TOP 0x800000000000ull   /* the end of user space on x86-64 */
+#define WINDOW_TOP 0x800000000000ull /* the end of user space on x86-64 */
 
 static int digit(char c, unsigned base) {
   unsigned d = c >= '0' && c <= '9'   ? (unsigned)(c - '0')
@@ -97,12 +96,17 @@ int cxr__env_bytes(const char *name, uint64_t dflt, uint64_t min, uint64_t max,
   return env_read(name, true, dflt, min, max, out);
 }
 
+bool cxr__window_ok(uint64_t base, uint64_t size) {
+  return size != 0 && base % CXR__WINDOW_ALIGN == 0 && size % CXR__WINDOW_ALIGN == 0 &&
+         base + size > base && base + size <= WINDOW_TOP;
+}
+
 int cxr__parse_window(const char *s, uintptr_t *base, size_t *size) {
   uint64_t lo, hi;
   if (s == NULL || base == NULL || size == NULL || parse_digits(&s, &lo) != 0 || *s++ != '-' ||
       parse_digits(&s, &hi) != 0 || *s != '\0')
     return CXR_EINVAL;
-  if (hi <= lo || hi > WINDOW_TOP || lo % WINDOW_ALIGN || hi % WINDOW_ALIGN) return CXR_EINVAL;
+  if (hi <= lo || !cxr__window_ok(lo, hi - lo)) return CXR_EINVAL;
   *base = (uintptr_t)lo;
   *size = (size_t)(hi - lo);
   return 0;

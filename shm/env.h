@@ -27,6 +27,12 @@ int cxr__env_u64(const char *name, uint64_t dflt, uint64_t min, uint64_t max, ui
 int cxr__env_bytes(const char *name, uint64_t dflt, uint64_t min, uint64_t max,
                    uint64_t *out);
 
+/* Whether [base, base + size) can be the address window: not empty, both ends 2 MiB
+ * aligned (CXR__WINDOW_ALIGN, the registry's ranges), within user space. One check for a
+ * window from $CXRPC_WINDOW (cxr__parse_window) and from cxr_init's options. */
+#define CXR__WINDOW_ALIGN (2ull << 20)
+bool cxr__window_ok(uint64_t base, uint64_t size);
+
 /* An address window "LO-HI" (each a number as above, in practice 0x...): both ends 2 MiB
  * aligned, LO < HI <= 0x800000000000 (user space). 0 with *base, *size set, or CXR_EINVAL
  * with them untouched. shm's cxr_init and sandbox's launcher both read $CXRPC_WINDOW so. */

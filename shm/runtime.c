@@ -18,6 +18,8 @@
 #include "shm/internal.h"
 #include "shm/reg_deadline.h"
 
+_Static_assert(CXR__WINDOW_ALIGN == CXR_RANGE_ALIGN, "the window is cut into registry ranges");
+
 #define DEFAULT_ROOT "/dev/shm/cxrpc"
 #define DEFAULT_WINDOW_BASE 0x600000000000ull
 #define DEFAULT_WINDOW_SIZE 0x100000000000ull
@@ -189,9 +191,7 @@ int cxr_init(const cxr_init_opts *o) {
     pod = (unsigned)v;
   }
   if (strlen(root) >= sizeof rt_root - 80) return CXR_ENAMETOOLONG;
-  if (wbase % CXR_RANGE_ALIGN || wsize % CXR_RANGE_ALIGN || wsize == 0 ||
-      wbase + wsize > 0x800000000000ull || wbase + wsize < wbase)
-    return CXR_EINVAL;
+  if (!cxr__window_ok(wbase, wsize)) return CXR_EINVAL;
   if (slices == 0 || pod >= slices || wsize / slices < CXR_RANGE_ALIGN) return CXR_EINVAL;
 
   pthread_mutex_lock(&rt_mu);
