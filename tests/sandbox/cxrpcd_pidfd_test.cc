@@ -96,15 +96,27 @@ extern "C" int poll(struct pollfd *fds, nfds_t n, int timeout) {
   return ppoll(fds, n, timeout < 0 ? nullptr : &ts, nullptr);
 }
 
-TEST(CxrpcdPidfd, AFailedPollKeepsTheRegistrationOfALiveProcess) {
+// Every test: a cxrpcd serving from a child, its polls counted in (and steered by) *ps.
+class CxrpcdPidfd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ps = shared_poll_state();
+    ASSERT_NE(ps, nullptr);
+    ASSERT_TRUE(serve_here(&sup, ps));
+  }
+  void TearDown() override {
+    stop_supervisor(&sup);
+    if (ps) munmap(ps, sizeof *ps);
+  }
+  PollState *ps = nullptr;
+  Supervisor sup;
+};
+
+TEST_F(CxrpcdPidfd, AFailedPollKeepsTheRegistrationOfALiveProcess) {
   // Whether a registration's process had exited was a poll of its pidfd, and a failed
   // poll (ENOMEM) counted as an exit: the registration was dropped while its process
   // lived, and with it every refusal its table made (here every raise in the window). Now
   // it is kept, a warning logged, and asked again next time.
-  PollState *ps = shared_poll_state();
-  ASSERT_NE(ps, nullptr);
-  Supervisor sup;
-  ASSERT_TRUE(serve_here(&sup, ps));
   cxr__seal_hdr *w = nullptr;
   int table = window_holding_table(&w);
   ASSERT_GE(table, 0);
@@ -123,19 +135,13 @@ TEST(CxrpcdPidfd, AFailedPollKeepsTheRegistrationOfALiveProcess) {
   end_puppet(&p);
   munmap(w, cxr__seal_bytes(4));
   close(table);
-  stop_supervisor(&sup);
-  munmap(ps, sizeof *ps);
 }
 
-TEST(CxrpcdPidfd, ARegistrationPollsThePidfdsOnce) {
+TEST_F(CxrpcdPidfd, ARegistrationPollsThePidfdsOnce) {
   // Each REGISTER first drops the registrations whose process ended, and polled their
   // pidfds one at a time: with 40 registrations, 42 polls for one request (1024 syscalls
   // at a full table). Now one poll over them all, one for the pid's attach and one for the
   // named process: 3 whatever the count.
-  PollState *ps = shared_poll_state();
-  ASSERT_NE(ps, nullptr);
-  Supervisor sup;
-  ASSERT_TRUE(serve_here(&sup, ps));
   const int K = 40;
   std::vector<int> tables;
   std::vector<cxr__seal_hdr *> views;
@@ -163,18 +169,12 @@ TEST(CxrpcdPidfd, ARegistrationPollsThePidfdsOnce) {
     munmap(views[i], cxr__seal_bytes(4));
     close(tables[i]);
   }
-  stop_supervisor(&sup);
-  munmap(ps, sizeof *ps);
 }
 
-TEST(CxrpcdPidfd, AFailedMainPollDoesNotEndServe) {
+TEST_F(CxrpcdPidfd, AFailedMainPollDoesNotEndServe) {
   // The main loop's poll failing (ENOMEM, the kernel's memory) ended `serve` at once, and
   // with it every supervised process's raises failed for good. Now it waits 10 ms and polls
   // again (for up to 5 s of failures in a row): 20 failures later it still answers.
-  PollState *ps = shared_poll_state();
-  ASSERT_NE(ps, nullptr);
-  Supervisor sup;
-  ASSERT_TRUE(serve_here(&sup, ps));
   ps->fail_main = 20;
   int c = cxr__cxrpcd_connect(sup.sock.c_str(), 10000000000ll);  // bounded: 10 s
   ASSERT_GE(c, 0);
@@ -184,6 +184,4 @@ TEST(CxrpcdPidfd, AFailedMainPollDoesNotEndServe) {
   int st = 0;
   EXPECT_EQ(waitpid(sup.pid, &st, WNOHANG), 0) << "cxrpcd stopped after a failed poll";
   EXPECT_EQ(request(sup, CXR__MSG_STATS, 0, 0, 0, -1), 0) << "cxrpcd does not answer";
-  stop_supervisor(&sup);
-  munmap(ps, sizeof *ps);
 }
