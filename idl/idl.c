@@ -62,6 +62,7 @@ static _Thread_local bool free_anc_kept;   /* thread_exit will free it */
 static pthread_once_t thread_once = PTHREAD_ONCE_INIT;
 static pthread_key_t thread_key;
 static bool thread_key_made;
+static _Thread_local bool thread_armed; /* this thread's mark is set (thread_exit clears) */
 
 static void free_anc_drop(void) {
   free(free_anc);
@@ -77,6 +78,7 @@ static void thread_exit(void *mark) {
   vset_mem = NULL;
   vset_cap = 0;
   free_anc_drop();
+  thread_armed = false; /* the key's value is NULL again: a later block must set it */
 }
 
 static void thread_make_key(void) {
@@ -86,8 +88,10 @@ static void thread_make_key(void) {
 /* Whether thread_exit will free this thread's blocks; false if the key could not be made,
  * and then nothing would: callers keep no block between calls. */
 static bool thread_exit_armed(void) {
+  if (thread_armed) return true; /* (validations ask each time: set the mark once) */
   pthread_once(&thread_once, thread_make_key);
-  return thread_key_made && pthread_setspecific(thread_key, &thread_key_made) == 0;
+  thread_armed = thread_key_made && pthread_setspecific(thread_key, &thread_key_made) == 0;
+  return thread_armed;
 }
 
 static size_t vset_keep_bytes(void) { return thread_exit_armed() ? VSET_KEEP_BYTES : 0; }
