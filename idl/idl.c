@@ -534,13 +534,24 @@ void cxr__free_leave(void) {
 
 uint64_t cxr__free_entered(void) { return free_entered; }
 
+/* A leaf that is a block the walk is inside of (a peer may point a string at its own
+ * message, validation allows it) is left to that block's own free, when the walk leaves
+ * it: freed here, the walk would go on reading it freed and free it again. Any other leaf
+ * may have been freed through another field already (cxr__heap_free_shared). The cost: a
+ * lookup in the ancestor table (at most half full) per leaf. */
+void cxr__free_leaf(cxr_heap *h, void *p) {
+  if (p == NULL) return;
+  if (free_depth != 0 && free_anc[free_anc_find(free_anc, 2 * free_levels, p)] == p) return;
+  cxr__heap_free_shared(h, p);
+}
+
 /* Each pointer and the count read once (the graph may be a peer's to change). The strings
- * are leaves that other fields may name too (cxr__heap_free_shared). */
+ * are leaves that other fields may name too (cxr__free_leaf). */
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a) {
   cxr_str *items = CXR__LOAD(&a->items);
   uint64_t count = CXR__LOAD(&a->count);
   if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
-  for (uint64_t i = 0; i < count; i++) cxr__heap_free_shared(h, (void *)CXR__LOAD(&items[i].ptr));
+  for (uint64_t i = 0; i < count; i++) cxr__free_leaf(h, (void *)CXR__LOAD(&items[i].ptr));
   cxr__free_leave();
   cxr_heap_free(h, items);
 }
@@ -549,7 +560,7 @@ void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a) {
   cxr_bytes *items = CXR__LOAD(&a->items);
   uint64_t count = CXR__LOAD(&a->count);
   if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
-  for (uint64_t i = 0; i < count; i++) cxr__heap_free_shared(h, (void *)CXR__LOAD(&items[i].ptr));
+  for (uint64_t i = 0; i < count; i++) cxr__free_leaf(h, (void *)CXR__LOAD(&items[i].ptr));
   cxr__free_leave();
   cxr_heap_free(h, items);
 }

@@ -217,6 +217,9 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size);
 void cxr__free_leave(void);
 uint64_t cxr__free_entered(void);
+/* Frees a walk's leaf p (a string body or scalar array) unless it is a block the walk is
+ * inside of (freed when the walk leaves it) or free already (another field named it). */
+void cxr__free_leaf(cxr_heap *h, void *p);
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a);
 void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a);
 bool cxr__eq_mem(const void *a, uint64_t alen, const void *b, uint64_t blen);

@@ -80,13 +80,13 @@ static void copy_repeated(gen_buf *c, const gm_field *x) {
 
 /* ---- free: releases what a value owns ---- */
 
-/* String and bytes bodies and scalar arrays are freed with cxr__heap_free_shared: nothing
- * is read through them, so they are not entered (cxr__free_enter), and two fields may name
- * one (validation allows it): the second free finds it free and leaves it, unlogged. */
+/* String and bytes bodies and scalar arrays are leaves, freed by cxr__free_leaf: nothing
+ * is read through them, so they are not entered (cxr__free_enter); two fields may name one
+ * (validation allows it), or a block the walk is inside of, and each is freed once. */
 
 static void free_value(gen_buf *c, const gm_field *x, const char *e, const char *ind) {
   if (x->kind == GK_STRING || x->kind == GK_BYTES)
-    gb_printf(c, "%scxr__heap_free_shared(h, (void *)%s.ptr);\n", ind, e);
+    gb_printf(c, "%scxr__free_leaf(h, (void *)%s.ptr);\n", ind, e);
   else if (x->kind == GK_MESSAGE)
     gb_printf(c, "%s%s_free(h, %s);\n", ind, x->msg->cname, e);
 }
@@ -106,7 +106,7 @@ static void free_repeated(gen_buf *c, const gm_field *x) {
               "      cxr__free_leave();\n      cxr_heap_free(h, it);\n    }\n  }\n",
               x->msg->cname, n, n, x->msg->cname);
   else
-    gb_printf(c, "  cxr__heap_free_shared(h, m->%s.items);\n", n);
+    gb_printf(c, "  cxr__free_leaf(h, m->%s.items);\n", n);
 }
 
 /* ---- equality ---- */
@@ -234,12 +234,26 @@ static void one(gen_buf *c, walk w, const gm_msg *g, const gm_field *x, const ch
   }
 }
 
-static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
+/* Which fields one pass of a walk takes: all of them, or (the free walk's two passes) the
+ * fields whose blocks it enters (messages, lists of strings or bytes), then the others. */
+typedef enum { P_ALL, P_ENTERED, P_LEAVES } pass;
+
+static bool in_pass(const gm_field *x, pass p) {
+  bool entered = x->kind == GK_MESSAGE ||
+                 (x->repeated && (x->kind == GK_STRING || x->kind == GK_BYTES));
+  return p == P_ALL || entered == (p == P_ENTERED);
+}
+
+static void walk_pass(gen_buf *c, walk w, const gm_msg *g, pass p) {
   for (size_t i = 0; i < g->nfields; i++)
-    if (g->fields[i].oneof < 0) one(c, w, g, &g->fields[i], "  ");
+    if (g->fields[i].oneof < 0 && in_pass(&g->fields[i], p)) one(c, w, g, &g->fields[i], "  ");
   static const char *const base[] = {"s", "m", "a", "m"};
   for (size_t o = 0; o < g->noneofs; o++) {
     const char *cn = g->oneofs[o].cname;
+    bool any = p != P_ENTERED; /* a switch of scalars alone too (uses the free's oc) */
+    for (size_t i = 0; i < g->nfields; i++)
+      if (g->fields[i].oneof == (int)o && in_pass(&g->fields[i], p)) any = true;
+    if (!any) continue;
     /* The copy stores and switches on one read of the source's case: two reads could store
      * one member's case and fill the union from another member. */
     const char *in = w == W_COPY ? "    " : "  ";  /* the switch's indent */
@@ -247,11 +261,12 @@ static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
       gb_printf(c, "  {\n    uint32_t src_case = CXR__LOAD(&s->%s_case);\n"
                    "    d->%s_case = src_case;\n    switch (src_case) {\n", cn, cn);
     if (w == W_EQ) gb_printf(c, "  if (a->%s_case != b->%s_case) return false;\n", cn, cn);
-    if (w != W_COPY) gb_printf(c, "  switch (%s->%s_case) {\n", base[w], cn);
+    if (w == W_FREE) gb_printf(c, "  switch (oc%zu) {\n", o); /* read once: walk_fields */
+    else if (w != W_COPY) gb_printf(c, "  switch (%s->%s_case) {\n", base[w], cn);
     char member[16];
     snprintf(member, sizeof member, "%s    ", in);
     for (size_t i = 0; i < g->nfields; i++) {
-      if (g->fields[i].oneof != (int)o) continue;
+      if (g->fields[i].oneof != (int)o || !in_pass(&g->fields[i], p)) continue;
       gb_printf(c, "%s  case %d:\n", in, g->fields[i].number);
       one(c, w, g, &g->fields[i], member);
       gb_printf(c, "%sbreak;\n", member);
@@ -261,6 +276,21 @@ static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
     else
       gb_printf(c, "    default:\n      break;\n  }\n");
   }
+}
+
+/* The free walk frees the blocks it enters before the leaves (string bodies, scalar
+ * arrays): a leaf a peer pointed at a message block of this one's subtree then finds it
+ * freed by its walk and leaves it (cxr__free_leaf), where freeing it first had that walk
+ * refuse it (logged) and leak its leaves. Each oneof's case is read once for both passes. */
+static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
+  if (w != W_FREE) {
+    walk_pass(c, w, g, P_ALL);
+    return;
+  }
+  for (size_t o = 0; o < g->noneofs; o++)
+    gb_printf(c, "  uint32_t oc%zu = CXR__LOAD(&m->%s_case);\n", o, g->oneofs[o].cname);
+  walk_pass(c, w, g, P_ENTERED);
+  walk_pass(c, w, g, P_LEAVES);
 }
 
 void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
