@@ -108,6 +108,14 @@ class CxrpcdPidfd : public ::testing::Test {
     stop_supervisor(&sup);
     if (ps) munmap(ps, sizeof *ps);
   }
+  // A puppet attached to this cxrpcd that maps *table (a table holding its window, viewed
+  // at *w). Call it inside ASSERT_NO_FATAL_FAILURE.
+  void MappingPuppet(int *table, cxr__seal_hdr **w, Puppet *p) {
+    *table = window_holding_table(w);
+    ASSERT_GE(*table, 0);
+    ASSERT_TRUE(spawn_puppet(sup, 0, *table, p));
+    ASSERT_EQ(puppet_do(p, 'm'), 0);
+  }
   PollState *ps = nullptr;
   Supervisor sup;
 };
@@ -118,11 +126,9 @@ TEST_F(CxrpcdPidfd, AFailedPollKeepsTheRegistrationOfALiveProcess) {
   // lived, and with it every refusal its table made (here every raise in the window). Now
   // it is kept, a warning logged, and asked again next time.
   cxr__seal_hdr *w = nullptr;
-  int table = window_holding_table(&w);
-  ASSERT_GE(table, 0);
+  int table = -1;
   Puppet p;
-  ASSERT_TRUE(spawn_puppet(sup, 0, table, &p));
-  ASSERT_EQ(puppet_do(&p, 'm'), 0);
+  ASSERT_NO_FATAL_FAILURE(MappingPuppet(&table, &w, &p));
   EXPECT_EQ(puppet_do(&p, 'r'), -ENOMEM);  // no table yet: let through
   int conn = -1;
   ASSERT_EQ(request(sup, CXR__MSG_REGISTER, p.pid, 0, 0, table, &conn), 0);
@@ -184,4 +190,35 @@ TEST_F(CxrpcdPidfd, AFailedMainPollDoesNotEndServe) {
   int st = 0;
   EXPECT_EQ(waitpid(sup.pid, &st, WNOHANG), 0) << "cxrpcd stopped after a failed poll";
   EXPECT_EQ(request(sup, CXR__MSG_STATS, 0, 0, 0, -1), 0) << "cxrpcd does not answer";
+}
+
+TEST_F(CxrpcdPidfd, AFailedPollOfARegistrationBacksOff) {
+  // A registration whose process ended has a ready pidfd, and the main loop asks which
+  // ones ended (one poll over them) whenever one is ready. While that poll failed (ENOMEM)
+  // the pidfd stayed ready and the loop asked again at once: a busy spin of thousands of
+  // polls (and warnings) a second. Now it leaves the pidfds out for 10 ms, doubling, so a
+  // few polls in 200 ms; the registration is kept meanwhile and goes once a poll works.
+  cxr__seal_hdr *w = nullptr;
+  int table = -1;
+  Puppet p;
+  ASSERT_NO_FATAL_FAILURE(MappingPuppet(&table, &w, &p));
+  int conn = -1;
+  ASSERT_EQ(request(sup, CXR__MSG_REGISTER, p.pid, 0, 0, table, &conn), 0);
+  ASSERT_EQ(mappings_of(sup.pid, table), 1);  // cxrpcd maps a registered table
+  ps->fail = 1;
+  end_puppet(&p);  // its pidfd is ready from now on
+  long before = ps->pidfd_polls;
+  usleep(200000);
+  long polls = ps->pidfd_polls - before;
+  printf("pidfd polls in 200 ms while they fail: %ld\n", polls);
+  EXPECT_LE(polls, 20) << "a failed poll is asked again at once";
+  EXPECT_EQ(mappings_of(sup.pid, table), 1) << "a registration went while poll failed";
+  ps->fail = 0;
+  int left = 1;
+  for (int i = 0; i < 500 && (left = mappings_of(sup.pid, table)) != 0; i++)  // bounded: 5 s
+    usleep(10000);
+  EXPECT_EQ(left, 0) << "the ended process's registration stayed once poll worked";
+  close(conn);
+  munmap(w, cxr__seal_bytes(4));
+  close(table);
 }
