@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <cxrpc/rdma.h>
+#include "rdma/open_ucx.h"
 #include "tests/rdma/proc.h"
 
 namespace cxrt {
@@ -84,6 +85,11 @@ inline bool died_within(Peer &peer, int ms) {
   return false;
 }
 
+// UCX settings for an engine whose messages of 64 bytes and more go by rendezvous. Given to
+// cxr__rdma_open_ucx: UCX_RNDV_THRESH set around an open was read by every engine opened
+// meanwhile, and setenv may move environ under another thread's getenv.
+inline const char *const kRndvAt64[] = {"RNDV_THRESH", "64", nullptr};
+
 // A server engine of ours (listening on loopback, replies of 64 bytes and more by
 // rendezvous: UCX keeps such a reply until the client fetches its data) and an rdma_peer
 // client process that reached it from its worker address: a cold connect (which teaches the
@@ -102,13 +108,10 @@ struct WarmAsk {
 };
 
 inline void warm_ask(WarmAsk &w) {
-  setenv("UCX_RNDV_THRESH", "64", 1);  // UCX reads it when the engine opens
   cxr_rdma_opts o;
   cxr_rdma_opts_init(&o);
   o.listen = "127.0.0.1:0";
-  int rc = cxr_rdma_open(&w.r, &o);
-  unsetenv("UCX_RNDV_THRESH");
-  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(cxr__rdma_open_ucx(&w.r, &o, kRndvAt64), 0);
   ASSERT_EQ(cxr_rdma_am_set(w.r, 20, WarmAsk::on_ping, &w), 0);
   std::string addr = "127.0.0.1:" + std::to_string(cxr_rdma_port(w.r));
   ASSERT_TRUE(w.client.start({"tests/rdma/rdma_peer", "client"}));

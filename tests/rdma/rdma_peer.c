@@ -18,7 +18,11 @@
  *     1, token}, answered with id 2), or sends message ID with that header (answered with
  *     ID + 1), on CONNS connections (default 1, at most 256): waits for one answer on each,
  *     sends N more on each without progressing its worker again (it reads nothing more),
- *     prints "FLOODED", waits for stdin's EOF. */
+ *     prints "FLOODED", waits for stdin's EOF.
+ *   rdma_peer opts: cxr_rdma_opts_init from the environment it was started with
+ *     (CXRPC_REMOTE_HEAP_MB aside: it moves msg_max's default), its warnings on stdout,
+ *     then "MSG_MAX <bytes>". A test sets a variable for this process alone: setenv in
+ *     the test's, beside engines' threads that call getenv, is undefined. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,8 +215,19 @@ static int flood(int port, int n, unsigned id, int conns) {
   _exit(0); /* no close: nothing of the answers is read, ever */
 }
 
+static int opts(void) {
+  unsetenv("CXRPC_REMOTE_HEAP_MB"); /* no thread here but this one */
+  if (dup2(1, 2) < 0) return 1;
+  cxr_log_set_level(CXR_LOG_WARN);
+  cxr_rdma_opts o;
+  cxr_rdma_opts_init(&o);
+  printf("MSG_MAX %zu\n", o.msg_max);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "client")) return client();
+  if (argc >= 2 && !strcmp(argv[1], "opts")) return opts();
   if (argc >= 4 && !strcmp(argv[1], "flood"))
     return flood(atoi(argv[2]), atoi(argv[3]), argc > 4 ? (unsigned)atoi(argv[4]) : 1,
                  argc > 5 ? atoi(argv[5]) : 1);

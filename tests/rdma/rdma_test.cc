@@ -2,6 +2,7 @@
 // warm, active messages small and large, get/put/atomics on exported memory, errors for
 // unreachable hosts and dead peers, and the pinned-memory budget.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <stdint.h>
 #include <string.h>
@@ -24,7 +25,43 @@
 #include "rdma/open_ucx.h"
 #include "tests/rdma/peer.h"
 
+// This process's writes to its own environment: setenv, unsetenv and putenv are interposed
+// here (the executable's definitions win over libc's). Engines' threads, UCX's among them,
+// call getenv, and setenv may move environ under them: undefined. Tests used to set
+// CXRPC_RDMA_MSG_MAX and UCX_RNDV_THRESH around calls while earlier tests' threads could
+// run; now they give UCX its settings with cxr__rdma_open_ucx and set a variable for a
+// child process only (cxrt::Proc sets it in the child). Checked once every test has run.
+static std::atomic<int> g_env_writes{0};
+
+template <typename F>
+static F next_env_call(const char *name) {
+  return (F)dlsym(RTLD_NEXT, name);
+}
+
+extern "C" int setenv(const char *k, const char *v, int overwrite) noexcept {
+  g_env_writes++;
+  return next_env_call<int (*)(const char *, const char *, int)>("setenv")(k, v, overwrite);
+}
+
+extern "C" int unsetenv(const char *k) noexcept {
+  g_env_writes++;
+  return next_env_call<int (*)(const char *)>("unsetenv")(k);
+}
+
+extern "C" int putenv(char *kv) noexcept {
+  g_env_writes++;
+  return next_env_call<int (*)(char *)>("putenv")(kv);
+}
+
 namespace {
+
+class NoEnvironmentWrites : public ::testing::Environment {
+  void TearDown() override {
+    EXPECT_EQ(g_env_writes.load(), 0) << "a test set this process's environment (see setenv)";
+  }
+};
+const auto *const kNoEnvironmentWrites =
+    ::testing::AddGlobalTestEnvironment(new NoEnvironmentWrites);
 
 const int64_t kSec = 1000000000;
 // Above the chunk size of gets and puts (64 KiB, RMA_BOUNCE_MAX in rdma/mem.c): two chunks.
@@ -205,14 +242,11 @@ void on_ask(cxr_rdma_msg *m, void *user) {
 
 TEST(Rdma, ClosingTheEngineEndsRepliesPendingToAClientThatStoppedReading) {
   Replier rp;
-  setenv("UCX_RNDV_THRESH", "64", 1);  // UCX reads it when the engine opens
   cxr_rdma_opts o;
   cxr_rdma_opts_init(&o);
   o.listen = "127.0.0.1:0";
   cxr_rdma *r;
-  int rc = cxr_rdma_open(&r, &o);
-  unsetenv("UCX_RNDV_THRESH");
-  ASSERT_EQ(rc, 0);
+  ASSERT_EQ(cxr__rdma_open_ucx(&r, &o, cxrt::kRndvAt64), 0);
   ASSERT_EQ(cxr_rdma_am_set(r, 20, on_ask, &rp), 0);
   Peer client;
   ASSERT_TRUE(client.p.start(
@@ -1095,25 +1129,27 @@ TEST(Rdma, DevicesReportNoneHereWithoutFailing) {
   EXPECT_EQ(cxr_rdma_devices(nullptr, 4, &n, why, sizeof why), CXR_EINVAL);
 }
 
+// What cxr_rdma_opts_init makes of CXRPC_RDMA_MSG_MAX=value, read in an rdma_peer process
+// started with it: its warnings, then "MSG_MAX <bytes>" (or "" if it printed none in 10 s).
+std::string msg_max_with(const std::string &value, std::string *warnings) {
+  cxrt::Proc p;
+  if (!p.start({"tests/rdma/rdma_peer", "opts"}, {"CXRPC_RDMA_MSG_MAX=" + value})) return "";
+  std::string l;
+  while ((l = p.line(10000)) != "" && l.compare(0, 8, "MSG_MAX ") != 0) *warnings += l + "\n";
+  return l;
+}
+
 TEST(RdmaOpts, ABadSizeInTheEnvironmentKeepsTheDefaultAndIsWarnedAbout) {
   // CXRPC_RDMA_MSG_MAX=2x was 2 bytes (strtoull without an end check): every message with
   // data was refused. Now a bad size keeps the default (1 GiB here) with one warning; a
-  // good one with a suffix is used.
-  unsetenv("CXRPC_REMOTE_HEAP_MB");
-  setenv("CXRPC_RDMA_MSG_MAX", "2x", 1);
-  cxr_rdma_opts o;
-  int level = cxr_log_level();
-  cxr_log_set_level(CXR_LOG_WARN);
-  testing::internal::CaptureStderr();
-  cxr_rdma_opts_init(&o);
-  std::string err = testing::internal::GetCapturedStderr();
-  cxr_log_set_level(level);
-  EXPECT_EQ(o.msg_max, (size_t)1 << 30);
+  // good one with a suffix is used. Read in a process of its own: this one's setenv raced
+  // the getenv of engines' threads (UCX's among them) that earlier tests left running.
+  std::string err;
+  EXPECT_EQ(msg_max_with("2x", &err), "MSG_MAX " + std::to_string((size_t)1 << 30));
   EXPECT_NE(err.find("CXRPC_RDMA_MSG_MAX=2x:"), std::string::npos) << err;
-  setenv("CXRPC_RDMA_MSG_MAX", "3M", 1);
-  cxr_rdma_opts_init(&o);
-  EXPECT_EQ(o.msg_max, (size_t)3 << 20);
-  unsetenv("CXRPC_RDMA_MSG_MAX");
+  err.clear();
+  EXPECT_EQ(msg_max_with("3M", &err), "MSG_MAX " + std::to_string((size_t)3 << 20));
+  EXPECT_EQ(err, "");
 }
 
 // An engine opened with UCX settings of its own (rdma/open_ucx.h, what tests use instead of
