@@ -129,6 +129,7 @@ struct cxr__rlisten {
   uint64_t next_id;
   unsigned nconns;
   size_t replica_bytes; /* the replicas' address space, all connections (replica_budget) */
+  size_t replica_max;   /* their bound, read once when the listener starts (replica_budget) */
   /* Handlers run on the progress thread when the channel has one worker (the lowest
    * latency); with more, on that many threads of their own, so a slow handler holds up
    * neither other calls nor new connections. */
@@ -341,7 +342,8 @@ static void reply_open(struct cxr__rlisten *l, cxr_rdma_msg *m, int st, uint64_t
 /* The most address space the replicas of one channel's remote clients take together
  * (CXRPC_REMOTE_REPLICA_MB, default 64 GiB: the largest heap a client makes). A client
  * names its heap's range in its OPEN; without a bound one could name terabytes, and land
- * data at ever new offsets of that private memory (a review, 2026-11-28). */
+ * data at ever new offsets of that private memory (a review, 2026-11-28). Read when the
+ * listener starts (replica_max): each OPEN used to parse the variable again. */
 static size_t replica_budget(void) {
   uint64_t mb; /* at most 16 TiB */
   cxr__env_u64("CXRPC_REMOTE_REPLICA_MB", 65536, 1, 1ull << 24, &mb);
@@ -367,7 +369,7 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   if (full) return reply_open(l, m, CXR_EFULL, op.token, 0, NULL);
   int rc = cxr__rem_replica_map(op.heap_addr, op.heap_size); /* (checks the range) */
   if (rc) return reply_open(l, m, rc, op.token, 0, NULL);
-  size_t budget = replica_budget();
+  size_t budget = l->replica_max;
   pthread_mutex_lock(&l->lock);
   bool over = l->replica_bytes > budget || op.heap_size > budget - l->replica_bytes;
   if (!over) l->replica_bytes += op.heap_size; /* held from here: unreserve() */
@@ -847,6 +849,7 @@ int cxr__remote_listen(cxr_channel *ch, const char *listen) {
   struct cxr__rlisten *l = calloc(1, sizeof *l);
   if (l == NULL) return CXR_ENOMEM;
   l->ch = ch;
+  l->replica_max = replica_budget();
   pthread_mutex_init(&l->lock, NULL);
   pthread_mutex_init(&l->heaps.lock, NULL);
   pthread_mutex_init(&l->qlock, NULL);

@@ -149,16 +149,19 @@ class Hostile : public ::testing::Test {
     if (!wait_count(rep.calls, n + 1)) return 2;
     return rep.call_status.load();
   }
-  // A server of one worker in place of the fixture's: handlers, and their replies, run on
-  // its engine's progress thread.
-  void one_worker_server() {
+  // A server started with env ("K=V" entries) in place of the fixture's; salt tells its
+  // root and port apart (start_kv_server).
+  void restart_server(const std::vector<std::string> &env, int salt) {
     cxr_rdma_ep_close(ep);
     ep = nullptr;
     ASSERT_EQ(server.stop(), 0);
-    mkdir((root + "1").c_str(), 0700);
-    ASSERT_TRUE(cxrt::start_kv_server(server, &host, root + "1", 1, {"REMOTE_PEER_WORKERS=1"}));
+    std::string dir = root + std::to_string(salt);
+    mkdir(dir.c_str(), 0700);
+    ASSERT_TRUE(cxrt::start_kv_server(server, &host, dir, salt, env));
     ASSERT_EQ(cxr_rdma_connect(r, host.c_str(), 0, &ep), 0);
   }
+  // A server of one worker: handlers, and their replies, run on its engine's progress thread.
+  void one_worker_server() { restart_server({"REMOTE_PEER_WORKERS=1"}, 1); }
   // Posts an inline call (never waits: a waiting send would progress our worker and take
   // its replies in). Its arguments stay in the fixture, which outlives the endpoint.
   void post_call(uint64_t conn, uint32_t method, int64_t a0, int64_t a1) {
@@ -212,6 +215,16 @@ TEST_F(Hostile, ReplicasPastTheChannelsBudgetAreRefused) {
   EXPECT_EQ(open("kv", pod5_slice(), 65 * kGiB), CXR_EFULL);
   EXPECT_EQ(open("kv", slice_of(6), 64 * kGiB), 0);
   EXPECT_EQ(open("kv", pod5_slice(), 1 << 20), CXR_EFULL);  // the budget is spent
+}
+
+TEST_F(Hostile, TheReplicaBudgetComesFromTheServersEnvironment) {
+  // CXRPC_REMOTE_REPLICA_MB, read once when the server's channel starts listening (each
+  // OPEN used to read it again): 2 MiB here, spent by two OPENs of 1 MiB.
+  ASSERT_NO_FATAL_FAILURE(restart_server({"CXRPC_REMOTE_REPLICA_MB=2"}, 2));
+  EXPECT_EQ(open("kv", pod5_slice(), 3 << 20), CXR_EFULL);
+  EXPECT_EQ(open("kv", pod5_slice(), 1 << 20), 0);
+  EXPECT_EQ(open("kv", slice_of(6), 1 << 20), 0);
+  EXPECT_EQ(open("kv", slice_of(7), 1 << 20), CXR_EFULL);  // the budget is spent
 }
 
 TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
