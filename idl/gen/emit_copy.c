@@ -234,14 +234,16 @@ static void one(gen_buf *c, walk w, const gm_msg *g, const gm_field *x, const ch
   }
 }
 
-/* Which fields one pass of a walk takes: all of them, or (the free walk's two passes) the
- * fields whose blocks it enters (messages, lists of strings or bytes), then the others. */
-typedef enum { P_ALL, P_ENTERED, P_LEAVES } pass;
+/* Which fields one pass of a walk takes: all of them, or (the free walk's three passes)
+ * the message fields and lists of messages, then the lists of strings or bytes (blocks it
+ * also enters), then the others. */
+typedef enum { P_ALL, P_MESSAGES, P_LISTS, P_LEAVES } pass;
 
 static bool in_pass(const gm_field *x, pass p) {
-  bool entered = x->kind == GK_MESSAGE ||
-                 (x->repeated && (x->kind == GK_STRING || x->kind == GK_BYTES));
-  return p == P_ALL || entered == (p == P_ENTERED);
+  if (p == P_ALL) return true;
+  if (x->kind == GK_MESSAGE) return p == P_MESSAGES;
+  if (x->repeated && (x->kind == GK_STRING || x->kind == GK_BYTES)) return p == P_LISTS;
+  return p == P_LEAVES;
 }
 
 static void walk_pass(gen_buf *c, walk w, const gm_msg *g, pass p) {
@@ -250,7 +252,7 @@ static void walk_pass(gen_buf *c, walk w, const gm_msg *g, pass p) {
   static const char *const base[] = {"s", "m", "a", "m"};
   for (size_t o = 0; o < g->noneofs; o++) {
     const char *cn = g->oneofs[o].cname;
-    bool any = p != P_ENTERED; /* a switch of scalars alone too (uses the free's oc) */
+    bool any = p == P_LEAVES; /* a switch of scalars alone too (uses the free's oc) */
     for (size_t i = 0; i < g->nfields; i++)
       if (g->fields[i].oneof == (int)o && in_pass(&g->fields[i], p)) any = true;
     if (!any) continue;
@@ -279,9 +281,10 @@ static void walk_pass(gen_buf *c, walk w, const gm_msg *g, pass p) {
 }
 
 /* The free walk frees the blocks it enters before the leaves (string bodies, scalar
- * arrays): a leaf a peer pointed at a message block of this one's subtree then finds it
- * freed by its walk and leaves it (cxr__free_leaf), where freeing it first had that walk
- * refuse it (logged) and leak its leaves. Each oneof's case is read once for both passes. */
+ * arrays), and the messages before the lists of strings or bytes (whose items are leaves):
+ * a leaf a peer pointed at a message block of this one's subtree then finds it freed by its
+ * walk and leaves it (cxr__free_leaf), where freeing it first had that walk refuse it
+ * (logged) and leak its leaves. Each oneof's case is read once for every pass. */
 static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
   if (w != W_FREE) {
     walk_pass(c, w, g, P_ALL);
@@ -289,7 +292,8 @@ static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
   }
   for (size_t o = 0; o < g->noneofs; o++)
     gb_printf(c, "  uint32_t oc%zu = CXR__LOAD(&m->%s_case);\n", o, g->oneofs[o].cname);
-  walk_pass(c, w, g, P_ENTERED);
+  walk_pass(c, w, g, P_MESSAGES);
+  walk_pass(c, w, g, P_LISTS);
   walk_pass(c, w, g, P_LEAVES);
 }
 

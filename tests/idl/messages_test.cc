@@ -826,6 +826,26 @@ TEST(Free, ABytesOrArrayFieldNamingANestedMessageBlockIsFreedOnce) {
   expect_freed_once_quietly(sh, m);
 }
 
+// An item of a list of strings (field 32) naming a list of messages further on in the same
+// message (field 35): the messages are freed first, so the item finds the block freed.
+TEST(Free, AStringItemNamingALaterListOfMessagesIsFreedOnce) {
+  ScratchHeap sh("idlitemfree", 1u << 20);
+  cxr_heap *h = sh.h;
+  ASSERT_NE(h, nullptr);
+  Ev *m = cxrtest_Everything_new(h);
+  ASSERT_NE(m, nullptr);
+  ASSERT_NE(CXR_VEC_ALLOC(h, m->r_leaf, 2), nullptr);
+  m->r_leaf.items[0].has_label = true;
+  ASSERT_EQ(cxr_str_setz(h, &m->r_leaf.items[0].label, "held by r_leaf"), 0);
+  ASSERT_NE(CXR_VEC_ALLOC(h, m->r_string, 2), nullptr);
+  ASSERT_EQ(cxr_str_setz(h, &m->r_string.items[1], "its own"), 0);
+  m->r_string.items[0].ptr = (const char *)m->r_leaf.items;
+  m->r_string.items[0].len = 8;
+  m->must = cxrtest_Leaf_new(h);
+  ASSERT_NE(m->must, nullptr);
+  expect_freed_once_quietly(sh, m);
+}
+
 TEST(Generated, HeaderCarriesProtoComments) {
   std::ifstream f("tests/idl/everything.cxr.h");
   ASSERT_TRUE(f.good());
