@@ -213,6 +213,8 @@ typedef struct rdma_op {
                                   not call UCX */
   atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops or
                          open_sends, or the engine's bare_sends) */
+  ucp_ep_h flush_uep; /* a message on a bare UCX handle: counted down only once a flush of
+                         the handle posted at its completion ends (worker.c, bare_flush) */
   cxr_rdma *keep;     /* set: ended with an error, the op is parked on keep->graves, not freed */
   struct rdma_op *next;  /* on keep->graves */
 } rdma_op;

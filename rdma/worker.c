@@ -110,9 +110,34 @@ void cxr__op_release(rdma_op *op) {
   op_free(op);
 }
 
+static void bare_flushed(void *request, ucs_status_t status, void *open) {
+  atomic_fetch_sub((atomic_int *)open, 1);
+  ucp_request_free(request);
+}
+
+/* UCX 1.13 ends a rendezvous send when its data is put and the put's acknowledgement to the
+ * receiver (ATP) is handed over, before the receiver has either: the receive completes only
+ * at the ATP. A message on a bare handle (a reply to a client that came from our worker
+ * address) has no endpoint of ours whose graceful close would flush it, and cxr_rdma_close
+ * destroyed the worker right after such a send ended: the client's connection was torn down
+ * with the data or the ATP unread, and its receive failed (close_reply_test, 1 MiB replies to
+ * a warm client, lost 3 to 7 runs in 25). So the send stays counted on the engine until a
+ * flush of the handle, posted here, ends: over TCP that waits for the receiver's own
+ * acknowledgement of the data, sent after it has read the ATP. Runs inside the send's UCX
+ * callback, where the handle is alive (UCX may destroy a handle it made once its peer fails,
+ * so it is not kept for later); posting a flush there is allowed. True if the flush counts
+ * down `open`. */
+static bool bare_flush(ucp_ep_h uep, atomic_int *open) {
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                           UCP_OP_ATTR_FIELD_USER_DATA,
+                           .cb.send = bare_flushed, .user_data = open};
+  return UCS_PTR_IS_PTR(ucp_ep_flush_nbx(uep, &p));
+}
+
 static void op_finish(rdma_op *op, ucs_status_t status) {
   op->status = status;
-  if (op->open) atomic_fetch_sub(op->open, 1);
+  if (op->open && !(op->flush_uep && status == UCS_OK && bare_flush(op->flush_uep, op->open)))
+    atomic_fetch_sub(op->open, 1);
   int expect = 0;
   /* The waiter gave up: the op is ours to release. */
   if (!atomic_compare_exchange_strong(&op->state, &expect, 1)) cxr__op_release(op);
@@ -573,6 +598,7 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
    * whose close waits for it: destroying the worker under it aborted (cxr_rdma_close).
    * Without a request there is no callback to count it down. */
   op->open = ep ? &ep->open_sends : &r->bare_sends;
+  op->flush_uep = ep ? NULL : uep;
   atomic_fetch_add(op->open, 1);
   ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
   if (sp == NULL || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(op->open, 1);

@@ -107,11 +107,17 @@ struct WarmAsk {
   }
 };
 
-inline void warm_ask(WarmAsk &w) {
+// A server engine of ours on a free loopback port whose messages of 64 bytes and more go by
+// rendezvous (UCX's RNDV_THRESH, given to this engine alone: no setenv while threads run).
+inline int open_rndv_server(cxr_rdma **r) {
   cxr_rdma_opts o;
   cxr_rdma_opts_init(&o);
   o.listen = "127.0.0.1:0";
-  ASSERT_EQ(cxr__rdma_open_ucx(&w.r, &o, kRndvAt64), 0);
+  return cxr__rdma_open_ucx(r, &o, kRndvAt64);
+}
+
+inline void warm_ask(WarmAsk &w) {
+  ASSERT_EQ(open_rndv_server(&w.r), 0);
   ASSERT_EQ(cxr_rdma_am_set(w.r, 20, WarmAsk::on_ping, &w), 0);
   std::string addr = "127.0.0.1:" + std::to_string(cxr_rdma_port(w.r));
   ASSERT_TRUE(w.client.start({"tests/rdma/rdma_peer", "client"}));
