@@ -764,7 +764,8 @@ static int ops_done(cxr_rdma_ep *ep, int64_t deadline) {
 
 static bool idle(void *arg) {
   cxr_rdma_ep *ep = arg;
-  return atomic_load(&ep->open_ops) == 0 && atomic_load(&ep->open_sends) == 0;
+  return atomic_load(&ep->open_ops) == 0 && atomic_load(&ep->open_sends) == 0 &&
+         atomic_load(&ep->open_recvs) == 0;
 }
 
 /* Same for one-sided ops and messages (sends, posts) together: true once none is left. */
@@ -820,7 +821,8 @@ static void rkeys_destroy(cxr_rdma_ep *ep) {
 static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
   rkeys_destroy(ep);
   if (u) {
-    bool force = atomic_load(&ep->status) != 0 || atomic_load(&ep->open_sends) != 0;
+    bool force = atomic_load(&ep->status) != 0 || atomic_load(&ep->open_sends) != 0 ||
+                 atomic_load(&ep->open_recvs) != 0;
     int rc = close_uep(ep, u, force, cxr_now_ns() + 200000000);
     if (rc == CXR_ETIMEDOUT) CXR_DEBUG("rdma: close of %s did not finish", ep->host);
   } else {

@@ -87,6 +87,8 @@ struct cxr_rdma_ep {
   atomic_int open_sends; /* messages posted on the handle that UCX has not finished (worker.c,
                             am_send; replies too, on an accepted endpoint): UCX may read their
                             data, the caller's, until then */
+  atomic_int open_recvs; /* rendezvous receives of messages held on it (accepted endpoints,
+                            worker.c am_recv_cb) that UCX has not ended: its close ends them */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */
@@ -157,6 +159,10 @@ struct cxr_rdma {
    * a client that connected from our worker address) that UCX has not finished: the close
    * waits for them, as an endpoint's close does for its open_sends (worker.c, am_send). */
   atomic_int bare_sends;
+  /* Rendezvous receives UCX holds for messages with no accepted endpoint of ours behind them
+   * (worker.c, am_recv_cb): the close waits for them as for bare_sends; destroying the worker
+   * under one aborted (UCX 1.13: proto_reqs not empty; close_silent_test). */
+  atomic_int bare_recvs;
   void (*tick)(void *);
   void *tick_user;
   int64_t spin_ns;

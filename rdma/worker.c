@@ -338,10 +338,25 @@ static void deliver(am_slot *s, cxr_rdma_msg *m) {
   }
 }
 
+/* A rendezvous receive UCX holds, counted on the accepted endpoint its message holds (whose
+ * close, forced then, ends it) or else on the engine, whose close waits for it as for a
+ * message on a bare handle (bare_left). Until 2026-11-28 nothing counted them, and an engine
+ * closed while a large message was arriving from a client that stopped (through the
+ * listener: the endpoint's graceful close gave up with the receive on it) or from a warm
+ * client (running or stopped) aborted in ucp_worker_destroy (UCX 1.13: proto_reqs not empty
+ * in ucp_ep.c): close_silent_test, 3 of its 4 cases, 3 runs in 3 each. */
 typedef struct rndv_ctx {
   am_slot *slot;
   cxr_rdma_msg *m;
+  atomic_int *open;  /* m->ref's open_recvs, or the engine's bare_recvs */
 } rndv_ctx;
+
+/* The count goes last, once nothing here touches the message's endpoint any more. */
+static void recv_untrack(rndv_ctx *c) {
+  atomic_int *open = c->open;
+  free(c);
+  atomic_fetch_sub(open, 1);
+}
 
 static void rndv_done(void *request, ucs_status_t status, size_t length, void *user) {
   rndv_ctx *c = user;
@@ -351,7 +366,7 @@ static void rndv_done(void *request, ucs_status_t status, size_t length, void *u
     msg_uncharge(c->slot->r, c->m);
     cxr_rdma_msg_free(c->m);
   }
-  free(c);
+  recv_untrack(c);
   ucp_request_free(request);
 }
 
@@ -451,20 +466,16 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
       free(c);
       goto drop;
     }
-    c->slot = s;
-    c->m = m;
+    *c = (rndv_ctx){.slot = s, .m = m, .open = m->ref ? &m->ref->open_recvs : &r->bare_recvs};
+    atomic_fetch_add(c->open, 1);  /* before UCX has it: its callback may run elsewhere */
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = rndv_done,
                              .user_data = c};
     ucs_status_ptr_t sp = ucp_am_recv_data_nbx(r->worker, data, m->data, length, &p);
-    if (sp == NULL) {
-      free(c);
-      deliver(s, m);
-    } else if (UCS_PTR_IS_ERR(sp)) {
-      free(c);
-      goto drop;
-    }
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) recv_untrack(c); /* no callback comes */
+    if (sp == NULL) deliver(s, m);
+    else if (UCS_PTR_IS_ERR(sp)) goto drop;
     return UCS_OK;
   }
   m->data = copy16(data, length);
@@ -941,26 +952,33 @@ static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
  * endpoint. */
 static void leave_to_ucx(cxr_rdma *r, unsigned parked, int bare) {
   CXR_WARN("rdma: still with UCX at the close: one-sided ops of %u endpoint(s) at a silent "
-           "target, %d message(s) to clients that read nothing; the UCX worker and context are "
-           "left undestroyed (UCX 1.13 aborts destroying them)", parked, bare);
+           "target, %d message(s) to or from clients that stopped; the UCX worker and context "
+           "are left undestroyed (UCX 1.13 aborts destroying them)", parked, bare);
   pthread_mutex_lock(&abandoned_lock);
   r->next_abandoned = abandoned;
   abandoned = r;
   pthread_mutex_unlock(&abandoned_lock);
 }
 
-static bool no_bare_sends(void *r) { return atomic_load(&((cxr_rdma *)r)->bare_sends) == 0; }
+static bool no_bare(void *arg) {
+  cxr_rdma *r = arg;
+  return atomic_load(&r->bare_sends) == 0 && atomic_load(&r->bare_recvs) == 0;
+}
 
 /* Messages on bare UCX handles (replies and hello answers to clients that connected from our
  * worker address, rpc/remote_server.c posts its call replies) have no endpoint of ours whose
  * close would end them, and UCX 1.13 aborts destroying the worker under one still pending
- * (ucp_ep_destroy_base: proto_reqs not empty; rdma_test, close_silent_test). They get the
- * worker progressed for them, up to 1 s (one to a reading client ends in microseconds;
- * a large one goes by rendezvous, a round trip or two); returns how many are still left (a
- * client that stopped reading: the close then leaves the worker to UCX). */
-static int bare_sends_left(cxr_rdma *r) {
-  cxr__progress_until(r, no_bare_sends, r, cxr_now_ns() + 1000000000);
-  return atomic_load(&r->bare_sends);
+ * (ucp_ep_destroy_base: proto_reqs not empty; rdma_test, close_silent_test). They get
+ * the worker progressed for them, up to 1 s (one to a reading client ends in microseconds; a
+ * large one goes by rendezvous, a round trip or two); so do rendezvous receives of messages
+ * from such clients. Returns how many are still left (a client that stopped: the close then
+ * leaves the worker to UCX, with the receive buffers its requests hold). Such a receive is
+ * not cancelled by force-closing UCX's handle: a warm client stopped mid-send then aborted
+ * when it resumed (UCX 1.13: tcp_iface.c "ep->conn_state != UCT_TCP_EP_CONN_STATE_CLOSED"),
+ * 3 runs in 3. */
+static int bare_left(cxr_rdma *r) {
+  cxr__progress_until(r, no_bare, r, cxr_now_ns() + 1000000000);
+  return atomic_load(&r->bare_sends) + atomic_load(&r->bare_recvs);
 }
 
 void cxr_rdma_close(cxr_rdma *r) {
@@ -984,7 +1002,7 @@ void cxr_rdma_close(cxr_rdma *r) {
     cxr__eps_close_all(r);
   }
   unsigned parked = r->worker ? cxr__eps_unpark(r, 200000000) : 0;  /* one last wait */
-  int bare = r->worker ? bare_sends_left(r) : 0;
+  int bare = r->worker ? bare_left(r) : 0;
   /* After those waits, which progress the worker: messages that came meanwhile are not
    * served (their handlers would reply through endpoints freed by then), and the error
    * handling an endpoint that failed meanwhile deferred (with an argument it allocated)
