@@ -117,7 +117,7 @@ typedef struct sup {
   int max_clients, max_procs, max_regs; /* what the fd limit allows */
   int clients_per_uid, procs_per_uid, regs_per_uid;
   int64_t accept_after; /* no accepting before (after EMFILE or ENFILE) */
-  unsigned regs_failed;  /* drop_gone_regs' polls failed in a row */
+  uint64_t regs_failed;  /* drop_gone_regs' polls failed in a row */
   int64_t regs_after;    /* the loop leaves the registrations' pidfds out until then */
 } sup;
 
@@ -261,17 +261,21 @@ static void drop_gone_regs(sup *s, int64_t pid) {
     }
   if (n == 0) return;
   if (poll(s->rpf, n, 0) < 0) {
-    unsigned k = ++s->regs_failed;
+    uint64_t k = ++s->regs_failed;
     if (cxr__log_due(k))
       CXR_WARN("cxrpcd: cannot tell whether %lu registrations' processes have exited (%s);"
-               " kept (%u failures in a row)", (unsigned long)n, strerror(errno), k);
+               " kept (%llu failures in a row)", (unsigned long)n, strerror(errno),
+               (unsigned long long)k);
     /* The ready pidfd stays ready: the loop called again at once, a busy spin that warned
      * each pass for as long as poll failed. It leaves the pidfds out for 10 ms, doubling
      * to 1 s; a gone process's registration only lingers that much longer. */
     s->regs_after = cxr_now_ns() + (k > 7 ? 1000000000ll : 10000000ll << (k - 1));
     return;
   }
-  s->regs_failed = 0;
+  /* Only a poll over all of them ends a run of failures: one over a single pid's (a
+   * notification's) needs no memory of the kernel's and succeeds while the full one fails,
+   * which reset the back-off and the warnings' pace at every notification (a review). */
+  if (pid < 0) s->regs_failed = 0;
   /* Downwards: drop_reg moves the last entry into the freed place, one already seen. */
   for (nfds_t k = n; k-- > 0;)
     if (s->rpf[k].revents) drop_reg(s, s->ridx[k]);
@@ -819,8 +823,7 @@ static bool any_revents(const struct pollfd *pf, int n) {
 }
 
 /* Shortens the loop's poll timeout *ms to end by time t (ns), if t is to come. */
-static void wake_by(int64_t t, int *ms) {
-  int64_t now = cxr_now_ns();
+static void wake_by(int64_t t, int64_t now, int *ms) {
   if (t <= now) return;
   int wait = (int)((t - now) / 1000000) + 1;
   if (wait < *ms) *ms = wait;
@@ -882,20 +885,21 @@ int cxrpcd_serve(const char *path, volatile sig_atomic_t *stop) {
   unsigned poll_failed = 0; /* polls failed in a row (ENOMEM: the kernel's memory) */
   while (!*stop) {
     int n = 0, ms = expire(s);
+    int64_t now = cxr_now_ns(); /* one read: a pause must not end between test and wake */
     /* A full table leaves new connections in the backlog until a client goes. */
-    bool accepting = s->nclients < s->max_clients && cxr_now_ns() >= s->accept_after;
-    if (!accepting) wake_by(s->accept_after, &ms);
+    bool accepting = s->nclients < s->max_clients && now >= s->accept_after;
+    if (!accepting) wake_by(s->accept_after, now, &ms);
     pf[n++] = (struct pollfd){.fd = accepting ? s->lfd : -1, .events = POLLIN};
     for (int i = 0; i < s->nclients; i++)
       pf[n++] = (struct pollfd){.fd = s->clients[i].fd, .events = POLLIN};
     for (int i = 0; i < s->nprocs; i++)
       pf[n++] = (struct pollfd){.fd = s->procs[i].nfd, .events = POLLIN};
     int first_reg = n;
-    if (cxr_now_ns() >= s->regs_after)
+    if (now >= s->regs_after)
       for (int i = 0; i < s->nregs; i++)
         pf[n++] = (struct pollfd){.fd = s->regs[i].pidfd, .events = POLLIN};
     else
-      wake_by(s->regs_after, &ms);
+      wake_by(s->regs_after, now, &ms);
     int r = poll(pf, (nfds_t)n, ms);
     if (r < 0 && errno != EINTR && !poll_failure(++poll_failed, errno)) break;
     if (r >= 0) poll_failed = 0;
