@@ -102,11 +102,14 @@ static bool rings_intact(const cxr_channel *ch, const cxr__sconn *sc) {
 }
 
 /* Closes a heap the SIGBUS guard watches, and stops watching it once it is unmapped: the
- * close of a shrunk heap touches pages past its end too. */
+ * close of a shrunk heap touches pages past its end too. Every such heap is unlinked next
+ * and its lock word is the clients' to write: the close does not wait for the lock (one
+ * left "held" cost 50 ms per connection heap, 2 s for the control heap, some of it with the
+ * pod registry's lock held; shm/reg_deadline.h). */
 static void close_watched(cxr_heap *h) {
   void *base = cxr_heap_base(h);
   size_t size = cxr_heap_size(h);
-  cxr_heap_close(h);
+  cxr__heap_close_nowait(h);
   cxr__bus_guard_watch(base, size, false);
 }
 

@@ -18,6 +18,7 @@
 
 #include "shm/internal.h"
 #include "shm/proc.h"
+#include "shm/reg_deadline.h"
 #include "shm/registry.h"
 
 unsigned cxr__rt_pod(void);
@@ -378,11 +379,12 @@ out:
 }
 
 /* Drops h's lease; the caller holds the runtime mutex. Removes the heap when it was the
- * last holder of a heap marked for removal. */
-static void release(cxr_heap *h, bool unmap) {
+ * last holder of a heap marked for removal. With !wait the heap's lock is not waited for (the
+ * slot is then closed as after a timed-out wait). */
+static void release(cxr_heap *h, bool unmap, bool wait) {
   cxr__reg r;
   bool reg = cxr__reg_lock(&r, false) == 0;
-  if (cxr__heap_lock(h) == 0) {
+  if ((wait ? cxr__heap_lock(h) : cxr__heap_lock_now(h)) == 0) {
     if (h->epoch == cxr__fork_epoch) {
       cxr__reclaim rc;
       memset(&rc, 0, sizeof rc);
@@ -422,14 +424,18 @@ static void release(cxr_heap *h, bool unmap) {
   }
 }
 
-void cxr_heap_close(cxr_heap *h) {
+static void close_handle(cxr_heap *h, bool wait) {
   if (cxr__heap_check(h) != 0) return;
-  cxr__tcache_flush(h, true);
+  cxr__tcache_flush(h, true, wait);
   cxr__rt_lock();
-  release(h, true);
+  release(h, true, wait);
   cxr__rt_unlock();
   free(h);
 }
+
+void cxr_heap_close(cxr_heap *h) { close_handle(h, true); }
+
+void cxr__heap_close_nowait(cxr_heap *h) { close_handle(h, false); }
 
 /* At exit: give up this process's own leases (not those inherited over fork), keep the
  * memory mapped for threads that still run. */
@@ -439,7 +445,7 @@ void cxr__heaps_release_all(void) {
   cxr__rt_lock();
   while (cxr__heaps) {
     cxr_heap *h = cxr__heaps;
-    if (h->epoch == cxr__fork_epoch) release(h, false);
+    if (h->epoch == cxr__fork_epoch) release(h, false, true);
     else cxr__heaps = h->next;
     h->next = retired;
     retired = h;

@@ -93,6 +93,10 @@ typedef struct cxr__reclaim {
 } cxr__reclaim;
 void cxr__heap_format(const cxr__geo *g);
 int cxr__heap_lock(cxr_heap *h);
+/* The lock if it is free or freed within a few spins, else CXR_EBUSY at once (not logged,
+ * the handle not marked stuck): for a close that can leave its locked work to the heap's
+ * next locker (heap.c). */
+int cxr__heap_lock_now(cxr_heap *h);
 extern _Thread_local int cxr__lock_reaped; /* holders reaped while recovering the lock */
 void cxr__heap_unlock(cxr_heap *h);
 /* Rebuilds free runs and central lists from page-map heads and block tags, reclaiming
@@ -102,8 +106,10 @@ void cxr__heap_rebuild(const cxr__geo *g, const cxr__reclaim *r);
 void cxr__heap_usage(const cxr__geo *g, size_t *used, size_t *cached);
 /* The geometry of a mapping at `base` whose header copy `hdr` was validated. */
 void cxr__geo_init(cxr__geo *g, void *base, const cxr__hdr *valid);
-/* This thread's cache for h: flush everything back (heap lock taken inside). */
-void cxr__tcache_flush(cxr_heap *h, bool drop);
+/* This thread's cache for h: flush everything back (heap lock taken inside; with !wait only
+ * if it is free at once, else the cached blocks stay tagged with h's slot, and go back when
+ * the slot is released). */
+void cxr__tcache_flush(cxr_heap *h, bool drop, bool wait);
 void cxr__tcache_after_fork(void);
 void cxr__tcache_counters(cxr_heap *h, uint64_t *allocs, uint64_t *frees);
 

@@ -177,12 +177,32 @@ void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns) {
  * client jamming the lock of each new heap it gets would otherwise write a line per heap). */
 static uint64_t capped_gave_up;
 
-int cxr__heap_lock(cxr_heap *h) {
+/* This process as the lock's holder, or 0 (logged). */
+static uint64_t lock_id(const cxr_heap *h) {
   uint64_t me = cxr__rt_lock_id();
-  if (me == 0) {
+  if (me == 0)
     CXR_ERR("heap %.*s: cannot read this process's identity from /proc", CXR__HDR_NAME(h->hdr));
-    return CXR_EIO;
+  return me;
+}
+
+/* The lock was had (rc: how, from cxr__plock_*): the handle is no longer stuck, and a dead
+ * holder's half-done work is repaired. Returns 0. */
+static int lock_had(cxr_heap *h, int rc) {
+  /* Written only when set: every thread of the process locks through this mapping. */
+  if (__atomic_load_n(&h->m->lock_stuck, __ATOMIC_RELAXED))
+    __atomic_store_n(&h->m->lock_stuck, 0, __ATOMIC_RELAXED);
+  if (rc == CXR_PLOCK_TAKEN_OVER) {
+    /* A holder died inside an allocator operation: lists may be half-updated. */
+    CXR_WARN("heap %.*s: a lock holder died; rebuilding free lists", CXR__HDR_NAME(h->hdr));
+    cxr__heap_rebuild(&h->g, NULL);
+    cxr__lock_reaped += cxr__heap_reap_locked(h);
   }
+  return 0;
+}
+
+int cxr__heap_lock(cxr_heap *h) {
+  uint64_t me = lock_id(h);
+  if (me == 0) return CXR_EIO;
   int rc = cxr__plock_try(&h->hdr->lock, me); /* no clock read when it is free */
   if (rc == CXR_EBUSY) {
     bool stuck = __atomic_load_n(&h->m->lock_stuck, __ATOMIC_RELAXED);
@@ -204,16 +224,14 @@ int cxr__heap_lock(cxr_heap *h) {
       return CXR_ETIMEDOUT;
     }
   }
-  /* Written only when set: every thread of the process locks through this mapping. */
-  if (__atomic_load_n(&h->m->lock_stuck, __ATOMIC_RELAXED))
-    __atomic_store_n(&h->m->lock_stuck, 0, __ATOMIC_RELAXED);
-  if (rc == CXR_PLOCK_TAKEN_OVER) {
-    /* A holder died inside an allocator operation: lists may be half-updated. */
-    CXR_WARN("heap %.*s: a lock holder died; rebuilding free lists", CXR__HDR_NAME(h->hdr));
-    cxr__heap_rebuild(&h->g, NULL);
-    cxr__lock_reaped += cxr__heap_reap_locked(h);
-  }
-  return 0;
+  return lock_had(h, rc);
+}
+
+int cxr__heap_lock_now(cxr_heap *h) {
+  uint64_t me = lock_id(h);
+  if (me == 0) return CXR_EIO;
+  int rc = cxr__plock_lock(&h->hdr->lock, me, 0); /* its spins only, no wait */
+  return rc == CXR_ETIMEDOUT ? CXR_EBUSY : lock_had(h, rc);
 }
 
 void cxr__heap_unlock(cxr_heap *h) { cxr__plock_unlock(&h->hdr->lock, cxr__rt_lock_id()); }

@@ -3,7 +3,8 @@
  * other processes can hold. The pod registry's lock is awaited at most 10 s
  * (shm/registry.c); a caller with a shorter deadline of its own (a connect and its connect
  * timeout) sets it here around the heap calls it makes, so that they give up by then too.
- * A heap's lock is awaited at most 2 s (shm/pages.c), less through a handle capped here.
+ * A heap's lock is awaited at most 2 s (shm/pages.c), less through a handle capped here,
+ * and not at all by a close that need not wait.
  */
 #ifndef CXRPC_SHM_REG_DEADLINE_H
 #define CXRPC_SHM_REG_DEADLINE_H
@@ -24,6 +25,14 @@ int64_t cxr__reg_deadline_set(int64_t until_ns);
  * is writable by the client, and one left "held" stopped a worker (and every connection it
  * serves) for the whole bound, once per heap. */
 void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns);
+
+/* cxr_heap_close without waiting for the heap's lock (a few spins at most): when it is held,
+ * what the close does under it (the handle's cached blocks and holder slot given back) is
+ * left to the heap's next locker, as after a close whose wait timed out. For a heap about
+ * to be unlinked whose lock word others can write: an rpc server's close of a channel
+ * waited for each jammed connection heap in turn (50 ms each, 2 s for the control heap),
+ * some of it holding this process's heap mutex and the pod registry's lock. */
+void cxr__heap_close_nowait(struct cxr_heap *h);
 
 /* Locks m, giving up with CXR_ETIMEDOUT at until_ns (a cxr_now_ns() time; 0: never): for
  * mutexes another thread may hold while it waits for the registry's lock (the runtime's,
