@@ -28,6 +28,11 @@ using namespace rpctest;
 
 namespace {
 
+// The root every test of the binary uses, set before any runs: the CallLimits tests made
+// none of their own, so that run alone (a filter) they used the pod's default root, shared
+// with every other run of them on the machine (the same heap names in pid namespaces).
+const std::string kRoot = setup_root("rpc-call");
+
 // A started channel serving the test methods with options o; nullptr (and a failure) if it
 // cannot be.
 cxr_channel *serving_with(const std::string &name, const cxr_channel_opts &o) {
@@ -108,7 +113,6 @@ cxr_call_opts with_deadline(int64_t ns) {
 
 class Call : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { setup_root("rpc-call"); }
   void SetUp() override {
     name = uniq("call");
     cxr_channel_opts o;
@@ -612,7 +616,6 @@ TEST(ChannelClose, AServeStillInAHandlerFinishesTheCloseItself) {
   // waits 2 s, then leaves the rest to that serve(), which finishes it when the handler
   // returns. Until 2026-11-23 the close went on after 10 s and freed the connections and
   // the channel under the handler (a use after free; here the close waited the whole 5 s).
-  setup_root("rpc-call");
   std::string name = uniq("serve");
   cxr_channel_opts o;
   cxr_channel_opts_init(&o);
@@ -1517,7 +1520,6 @@ TEST(CallLimits, AChannelCloseDoesNotWaitForLocksItsClientsJammed) {
   // process's heap mutex held, so that another channel's connect waited 0.4-0.5 s. Those
   // heaps are unlinked: the close no longer waits for their locks, and leaves what it would
   // do under them to their next locker. (Old: >= 2 s; now a few ms.)
-  setup_root("rpc-call");  // (run alone, no Call test has set it)
   std::string name = uniq("jamclose");
   cxr_channel *ch = serving(name, 1u << 20, 16, 4);  // one worker
   ASSERT_NE(ch, nullptr);
