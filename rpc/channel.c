@@ -152,7 +152,8 @@ static int sconn_make_ready(cxr_channel *ch, cxr__sconn *sc) {
       rc = cxr_heap_create(&h, name, ch->o.conn_heap_size, &ho);
     }
     if (rc != 0) return rc;
-    cxr__heap_lock_cap(h, CXR__SERVER_HEAP_LOCK_CAP_NS); /* the client can jam its lock */
+    /* The client can jam its lock: waits capped, and together budgeted per channel. */
+    cxr__heap_lock_cap(h, CXR__SERVER_HEAP_LOCK_CAP_NS, &ch->lock_budget);
     cxr__conn_block *b = cxr_heap_alloc_aligned(h, 64, cxr__conn_block_size(ring));
     if (b == NULL) {
       rc = cxr_last_error();
@@ -571,6 +572,7 @@ int cxr_channel_open(cxr_channel **out, const char *name, const cxr_channel_opts
   ch->o.listen = NULL;
   snprintf(ch->name, sizeof ch->name, "%s", name);
   pthread_mutex_init(&ch->lock, NULL);
+  ch->lock_budget.per_s_ns = CXR__SERVER_HEAP_LOCK_BUDGET_NS;
   if ((rc = cxr__proc_self_id(&ch->self)) != 0) goto fail;
 
   char ctl_name[CXR_NAME_MAX + 1];

@@ -6,6 +6,7 @@
 
 #include "rpc/internal.h"
 #include "shm/proc.h"
+#include "shm/reg_deadline.h"
 
 #define CXR__METHOD_SLOTS 512u  /* open-addressing table; at most half used */
 
@@ -110,6 +111,7 @@ struct cxr_channel {
   uint64_t overfilled_seen;     /* atomic: tenancies whose answer ring was found full */
   uint64_t shrunk_unread;      /* (manager) failed looks for shrunk heaps in a row */
   bool ctl_damaged;            /* (manager) the control heap's file was shrunk */
+  cxr__lock_budget lock_budget; /* the connection heaps' lock waits (shm/reg_deadline.h) */
 };
 
 /* serve.c */
@@ -118,6 +120,10 @@ struct cxr_channel {
  * for the lock's 2 s bound, once per heap). A client thread preempted while it holds the
  * lock rarely keeps it this long; a handler's allocation then fails instead. */
 #define CXR__SERVER_HEAP_LOCK_CAP_NS 50000000
+/* How long those waits may last together each second, per channel, when they end without
+ * the lock (cxr__lock_budget): a client reconnecting to jam each fresh heap cost a worker
+ * the cap once per connect. Past it, a connection heap's lock is tried a few times only. */
+#define CXR__SERVER_HEAP_LOCK_BUDGET_NS 100000000
 
 void *cxr__worker_main(void *arg);
 /* channel.c */

@@ -56,6 +56,7 @@ struct cxr_heap {
   uint64_t npages, data_off, size;
   cxr__geo g;                /* the same, for the allocator's internals */
   int64_t lock_cap;          /* cxr__heap_lock_cap (shm/reg_deadline.h), or 0 */
+  struct cxr__lock_budget *lock_budget; /* the same, or NULL */
   struct cxr_heap *next;     /* open handles of this process */
 };
 

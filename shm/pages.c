@@ -169,8 +169,34 @@ _Thread_local int cxr__lock_reaped;
 #define LOCK_WAIT_NS 2000000000ll
 #define LOCK_WAIT_STUCK_NS 10000000ll
 
-void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns) {
-  if (h != NULL) h->lock_cap = ns > 0 ? ns : 0;
+void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns, cxr__lock_budget *b) {
+  if (h == NULL) return;
+  h->lock_cap = ns > 0 ? ns : 0;
+  h->lock_budget = b;
+}
+
+/* Takes up to `wait` ns from b's current second (beginning a new one if it is over) and
+ * returns what it took; *window tells the second, for budget_give. */
+static int64_t budget_take(cxr__lock_budget *b, int64_t wait, int64_t *window) {
+  int64_t now = cxr_now_ns(), since = __atomic_load_n(&b->since, __ATOMIC_ACQUIRE);
+  if ((since == 0 || now - since >= 1000000000) &&
+      __atomic_compare_exchange_n(&b->since, &since, now, false, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE)) {
+    __atomic_store_n(&b->spent, 0, __ATOMIC_RELEASE);
+    since = now;
+  }
+  *window = since;
+  int64_t had = __atomic_fetch_add(&b->spent, wait, __ATOMIC_ACQ_REL);
+  int64_t left = b->per_s_ns - had, took = left <= 0 ? 0 : left < wait ? left : wait;
+  if (took < wait) __atomic_fetch_sub(&b->spent, wait - took, __ATOMIC_ACQ_REL);
+  return took;
+}
+
+/* Gives back what a wait that got the lock took: only waits that timed out spend the budget
+ * (not into a later second: that one never lent it). */
+static void budget_give(cxr__lock_budget *b, int64_t took, int64_t window) {
+  if (took > 0 && __atomic_load_n(&b->since, __ATOMIC_ACQUIRE) == window)
+    __atomic_fetch_sub(&b->spent, took, __ATOMIC_ACQ_REL);
 }
 
 /* Capped handles that gave up on their heap's lock: logged at the 1st, 2nd, 4th... only (a
@@ -212,7 +238,10 @@ int cxr__heap_lock(cxr_heap *h) {
      * not kept past it: it may hold the pod registry's lock meanwhile. (The clock is read
      * only for such a caller.) */
     bool callers = cxr__reg_deadline_get() != 0 && cxr__reg_deadline_clip(cxr_now_ns(), &wait);
+    int64_t window = 0;
+    if (h->lock_budget != NULL) wait = budget_take(h->lock_budget, wait, &window);
     rc = cxr__plock_lock(&h->hdr->lock, me, wait);
+    if (rc != CXR_ETIMEDOUT && h->lock_budget != NULL) budget_give(h->lock_budget, wait, window);
     if (rc == CXR_ETIMEDOUT && callers) return CXR_ETIMEDOUT;
     if (rc == CXR_ETIMEDOUT) {
       if (!stuck && (h->lock_cap == 0 ||

@@ -20,11 +20,23 @@ extern "C" {
  * replaces, for the caller to put back. */
 int64_t cxr__reg_deadline_set(int64_t until_ns);
 
+/* Lock waits that may end without the lock, shared by a set of handles: about per_s_ns of
+ * them each second (a window from the first such wait), after which the handles' waits are
+ * a few spins only until the second is over. A wait takes its length from the budget before
+ * it begins and gives it back when it gets the lock. Zero but for per_s_ns; atomic words. */
+typedef struct cxr__lock_budget {
+  int64_t per_s_ns;
+  int64_t since; /* cxr_now_ns() when the current second began, or 0 */
+  int64_t spent; /* ns taken in it */
+} cxr__lock_budget;
+
 /* Caps how long this handle's users wait for its heap's lock (ns; 0: no cap beyond the
- * lock's own 2 s bound). An rpc server caps its handles of connection heaps: their lock word
- * is writable by the client, and one left "held" stopped a worker (and every connection it
- * serves) for the whole bound, once per heap. */
-void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns);
+ * lock's own 2 s bound), and, with b (may be NULL; it must outlive the handle), how long
+ * they and the other handles of b wait together. An rpc server caps its handles of
+ * connection heaps: their lock word is writable by the client, and one left "held" stopped
+ * a worker (and every connection it serves) for the whole bound, once per heap; a client
+ * reconnecting to jam each fresh heap still cost the worker the cap once per connect. */
+void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns, cxr__lock_budget *b);
 
 /* cxr_heap_close without waiting for the heap's lock (a few spins at most): when it is held,
  * what the close does under it (the handle's cached blocks and holder slot given back) is

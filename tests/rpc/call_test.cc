@@ -1568,6 +1568,38 @@ TEST(CallLimits, AChannelCloseDoesNotWaitForLocksItsClientsJammed) {
   cxr_channel_close(och);
 }
 
+TEST(CallLimits, AClientReconnectingToJamEachHeapCostsTheWorkerLittle) {
+  // A client that jams its heap's lock, calls, and reconnects to do it again cost the only
+  // worker 50 ms per connect, however many connects a second it made. Now the waits of a
+  // channel's connection heaps that end without the lock spend a budget of 100 ms a second;
+  // past it they are spins only. (Old: each of 20 such calls took >= 50 ms.)
+  std::string name = uniq("rejam");
+  cxr_channel *ch = serving(name, 1u << 20, 8, 4);  // one worker
+  ASSERT_NE(ch, nullptr);
+  const int n = 20;
+  int slow = 0;
+  int64_t t0 = cxr_now_ns();
+  for (int i = 0; i < n; i++) {
+    cxr_conn *c = nullptr;
+    ASSERT_EQ(connect_patiently(&c, name), 0);
+    uint64_t *word = test_heap_lock_word(cxr_conn_heap(c));
+    __atomic_store_n(word, cxr__plock_self_id(), __ATOMIC_SEQ_CST);
+    add_args args = {i, 1};
+    cxr_call_opts ao = inline_opts(sizeof args, 10000000000);
+    void *r = nullptr;
+    int64_t t1 = cxr_now_ns();
+    EXPECT_EQ(cxr_conn_call(c, M_ADD, &args, &r, &ao), CXR_ENOMEM);  // could not allocate
+    slow += ms_since(t1) >= 40;
+    __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
+    cxr_conn_close(c);
+  }
+  int64_t secs = ms_since(t0) / 1000 + 1;
+  // 2 waits of 50 ms in each second begun (and one second's budget may have been half used)
+  EXPECT_LE(slow, 2 * secs + 2) << "the worker waited 50 ms for each jammed heap";
+  EXPECT_LT(slow, n);
+  cxr_channel_close(ch);
+}
+
 TEST(CallLimits, AForgedFreeDoesNotHandALiveConnectionsHeapToTheNextClient) {
   // A client wrote FREE into another client's claimed slot: the manager readied that slot
   // with the live connection's heap for the next client, who then mapped the first one's
