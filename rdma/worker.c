@@ -437,6 +437,11 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   am_slot *s = arg;
   cxr_rdma *r = s->r;
   bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  /* Closing: every message is dropped unserved, and a rendezvous receive started while the
+   * close progresses the worker would only keep it waiting (a warm client sending back to
+   * back always had one in flight when bare_left gave up: the worker was left undestroyed
+   * at every close; a review). */
+  if (atomic_load(&r->stop)) return rndv ? UCS_ERR_CANCELED : UCS_OK;
   ucs_status_t refused;
   size_t charge = msg_admit(s, header_length, length, &refused);
   /* Refused: eager data is UCX's own and goes when we return; a rendezvous receive that is
@@ -612,7 +617,11 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
   op->flush_uep = ep ? NULL : uep;
   atomic_fetch_add(op->open, 1);
   ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
-  if (sp == NULL || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(op->open, 1);
+  /* Done in place on a bare handle: over TCP the tail of an eager message may still be in
+   * UCX's send buffer (a slow reader's full socket), which the engine's close would destroy:
+   * it stays counted until a flush ends, as one that completes through its callback does. */
+  bool flushing = sp == NULL && !ep && bare_flush(uep, op->open);
+  if ((sp == NULL && !flushing) || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(op->open, 1);
   if (ep) cxr__ep_unuse(ep);
   if (!wait) {
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
@@ -986,8 +995,8 @@ void cxr_rdma_close(cxr_rdma *r) {
    * not there to join, and its sockets are the parent's, so closing it would hang the child
    * or end the parent's endpoints. The copy is left alone (the child's exit drops it). */
   if (r == NULL || cxr__rdma_copy(r)) return;
+  atomic_store(&r->stop, true); /* (also read by am_recv_cb while the waits below progress) */
   if (r->thread_started) {
-    atomic_store(&r->stop, true);
     cxr__wake(r);
     pthread_join(r->thread, NULL);
   }
