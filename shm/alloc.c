@@ -132,7 +132,16 @@ static int tc_exit_lock(cxr_heap *h) {
   return h->lock_cap > 0 ? cxr__heap_lock_now(h) : cxr__heap_lock(h);
 }
 
-/* Thread exit: give cached blocks back to heaps that are still open. */
+/* Whether t holds nothing to give back (no block, no count). */
+static bool tc_empty(const tcache *t) {
+  for (unsigned c = 0; c < CXR_NCLASS; c++)
+    if (t->n[c] != 0) return false;
+  return t->allocs == 0 && t->frees == 0;
+}
+
+/* Thread exit: give cached blocks back to heaps that are still open. An empty cache takes
+ * no lock: the thread that opened a channel has one for the control heap, whose lock every
+ * client can jam, and its exit waited 2 s on it with the runtime mutex held (a review). */
 static void tc_destroy(void *unused) {
   (void)unused;
   cxr__rt_lock();
@@ -140,7 +149,7 @@ static void tc_destroy(void *unused) {
     tcache *t = tcs[i];
     if (t == NULL) continue;
     tcs[i] = NULL;
-    if (t->epoch == cxr__fork_epoch && handle_open(t->h, t->serial) &&
+    if (!tc_empty(t) && t->epoch == cxr__fork_epoch && handle_open(t->h, t->serial) &&
         t->h->epoch == t->epoch && tc_exit_lock(t->h) == 0) {
       tc_flush_locked(t->h, t, 0);
       cxr__heap_unlock(t->h);

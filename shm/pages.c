@@ -175,28 +175,36 @@ void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns, cxr__lock_budget *b) {
   h->lock_budget = b;
 }
 
-/* Takes up to `wait` ns from b's current second (beginning a new one if it is over) and
- * returns what it took; *window tells the second, for budget_give. */
-static int64_t budget_take(cxr__lock_budget *b, int64_t wait, int64_t *window) {
-  int64_t now = cxr_now_ns(), since = __atomic_load_n(&b->since, __ATOMIC_ACQUIRE);
-  if ((since == 0 || now - since >= 1000000000) &&
-      __atomic_compare_exchange_n(&b->since, &since, now, false, __ATOMIC_ACQ_REL,
-                                  __ATOMIC_ACQUIRE)) {
-    __atomic_store_n(&b->spent, 0, __ATOMIC_RELEASE);
-    since = now;
+static void budget_hold(cxr__lock_budget *b) {
+  while (__atomic_exchange_n(&b->busy, 1, __ATOMIC_ACQUIRE)) cxr__cpu_relax();
+}
+static void budget_drop(cxr__lock_budget *b) { __atomic_store_n(&b->busy, 0, __ATOMIC_RELEASE); }
+
+/* The second's account, begun anew once it is over (under busy). */
+static void budget_roll(cxr__lock_budget *b, int64_t now) {
+  if (b->since == 0 || now - b->since >= 1000000000) {
+    b->since = now;
+    b->spent = 0;
   }
-  *window = since;
-  int64_t had = __atomic_fetch_add(&b->spent, wait, __ATOMIC_ACQ_REL);
-  int64_t left = b->per_s_ns - had, took = left <= 0 ? 0 : left < wait ? left : wait;
-  if (took < wait) __atomic_fetch_sub(&b->spent, wait - took, __ATOMIC_ACQ_REL);
-  return took;
 }
 
-/* Gives back what a wait that got the lock took: only waits that timed out spend the budget
- * (not into a later second: that one never lent it). */
-static void budget_give(cxr__lock_budget *b, int64_t took, int64_t window) {
-  if (took > 0 && __atomic_load_n(&b->since, __ATOMIC_ACQUIRE) == window)
-    __atomic_fetch_sub(&b->spent, took, __ATOMIC_ACQ_REL);
+/* How much of `wait` ns the budget's current second still allows (0 when spent). Nothing is
+ * reserved: a review found two 50 ms waits under way (each got its lock) left a third none,
+ * so an honest handler's allocation failed with nobody jamming. */
+static int64_t budget_left(cxr__lock_budget *b, int64_t wait) {
+  budget_hold(b);
+  budget_roll(b, cxr_now_ns());
+  int64_t left = b->per_s_ns - b->spent;
+  budget_drop(b);
+  return left <= 0 ? 0 : left < wait ? left : wait;
+}
+
+/* A wait of ns that ended without the lock. */
+static void budget_spend(cxr__lock_budget *b, int64_t ns) {
+  budget_hold(b);
+  budget_roll(b, cxr_now_ns());
+  b->spent += ns;
+  budget_drop(b);
 }
 
 /* Capped handles that gave up on their heap's lock: logged at the 1st, 2nd, 4th... only (a
@@ -238,10 +246,9 @@ int cxr__heap_lock(cxr_heap *h) {
      * not kept past it: it may hold the pod registry's lock meanwhile. (The clock is read
      * only for such a caller.) */
     bool callers = cxr__reg_deadline_get() != 0 && cxr__reg_deadline_clip(cxr_now_ns(), &wait);
-    int64_t window = 0;
-    if (h->lock_budget != NULL) wait = budget_take(h->lock_budget, wait, &window);
+    if (h->lock_budget != NULL) wait = budget_left(h->lock_budget, wait);
     rc = cxr__plock_lock(&h->hdr->lock, me, wait);
-    if (rc != CXR_ETIMEDOUT && h->lock_budget != NULL) budget_give(h->lock_budget, wait, window);
+    if (rc == CXR_ETIMEDOUT && h->lock_budget != NULL) budget_spend(h->lock_budget, wait);
     if (rc == CXR_ETIMEDOUT && callers) return CXR_ETIMEDOUT;
     if (rc == CXR_ETIMEDOUT) {
       if (!stuck && (h->lock_cap == 0 ||

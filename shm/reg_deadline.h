@@ -20,14 +20,16 @@ extern "C" {
  * replaces, for the caller to put back. */
 int64_t cxr__reg_deadline_set(int64_t until_ns);
 
-/* Lock waits that may end without the lock, shared by a set of handles: about per_s_ns of
- * them each second (a window from the first such wait), after which the handles' waits are
- * a few spins only until the second is over. A wait takes its length from the budget before
- * it begins and gives it back when it gets the lock. Zero but for per_s_ns; atomic words. */
+/* Lock waits that end without the lock, shared by a set of handles: about per_s_ns of them
+ * each second (a window from the first such wait), after which the handles' waits are a few
+ * spins only until the second is over. A wait may last what is left of the second; only one
+ * that times out spends it (nothing is reserved: waits under way at once may overshoot by a
+ * cap each, once a second). Zero but for per_s_ns; since and spent under `busy`. */
 typedef struct cxr__lock_budget {
   int64_t per_s_ns;
+  int busy;      /* a spin lock: taken only after the heap's lock was found held */
   int64_t since; /* cxr_now_ns() when the current second began, or 0 */
-  int64_t spent; /* ns taken in it */
+  int64_t spent; /* ns of timed-out waits in it */
 } cxr__lock_budget;
 
 /* Caps how long this handle's users wait for its heap's lock (ns; 0: no cap beyond the

@@ -13,12 +13,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "rpc/internal.h"
+#include "shm/reg_deadline.h"
 #include "tests/rpc/lock_word.h"
 #include "tests/rpc/methods.h"
 #include "tests/rpc/rings.h"
@@ -1597,6 +1599,75 @@ TEST(CallLimits, AClientReconnectingToJamEachHeapCostsTheWorkerLittle) {
   // 2 waits of 50 ms in each second begun (and one second's budget may have been half used)
   EXPECT_LE(slow, 2 * secs + 2) << "the worker waited 50 ms for each jammed heap";
   EXPECT_LT(slow, n);
+  cxr_channel_close(ch);
+}
+
+TEST(CallLimits, ShortHoldsOfSeveralHeapsSpendNoLockBudget) {
+  // Three heaps sharing a budget of 100 ms a second, capped at 50 ms, each held 20 ms (an
+  // honest client's short hold) while a thread of each allocates: every wait gets its lock,
+  // so none spends the budget. Each wait used to reserve its whole cap first: two under way
+  // took the second's 100 ms, and the third failed at once (1 of 3 allocations, every round).
+  const int n = 3;
+  cxr_heap *h[n];
+  for (int i = 0; i < n; i++) {
+    std::string nm = uniq("budget") + std::to_string(i);
+    ASSERT_EQ(cxr_heap_create(&h[i], nm.c_str(), 1u << 20, nullptr), 0);
+  }
+  int failed = 0;
+  for (int round = 0; round < 3; round++) {
+    cxr__lock_budget b = {};
+    b.per_s_ns = 100000000;
+    for (int i = 0; i < n; i++) cxr__heap_lock_cap(h[i], 50000000, &b);
+    uint64_t *w[n];
+    for (int i = 0; i < n; i++) {
+      w[i] = test_heap_lock_word(h[i]);
+      __atomic_store_n(w[i], cxr__plock_self_id(), __ATOMIC_SEQ_CST);
+    }
+    std::atomic<int> fails{0};
+    std::vector<std::thread> ts;
+    for (int i = 0; i < n; i++)
+      ts.emplace_back([&, i] {
+        void *p = cxr_heap_alloc(h[i], 64 * 1024);  // a page run: under the lock every time
+        if (p == nullptr) fails++;
+        else cxr_heap_free(h[i], p);
+      });
+    usleep(20000);
+    for (int i = 0; i < n; i++) __atomic_store_n(w[i], 0u, __ATOMIC_SEQ_CST);
+    for (auto &t : ts) t.join();
+    for (int i = 0; i < n; i++) cxr__heap_lock_cap(h[i], 50000000, nullptr);  // b goes
+    failed += fails.load();
+  }
+  EXPECT_EQ(failed, 0) << "an allocation failed with every lock released within 20 ms";
+  for (int i = 0; i < n; i++) {
+    std::string nm = cxr_heap_name(h[i]);
+    cxr_heap_close(h[i]);
+    cxr_heap_unlink(nm.c_str());
+  }
+}
+
+TEST(CallLimits, TheThreadThatOpenedAChannelExitsWithoutWaitingForItsJammedControlHeap) {
+  // The opening thread has a (empty) cache for the control heap, whose lock every client can
+  // write; its exit took the lock to flush nothing and waited 2 s for a jammed one, holding
+  // the process's heap mutex (every heap call of the process waited with it).
+  std::string name = uniq("ctljam");
+  cxr_channel *ch = nullptr;
+  uint64_t *word = nullptr;
+  int64_t returned = 0;
+  std::unique_ptr<Ctl> ctl;
+  std::thread t([&] {
+    ch = serving(name, 1u << 20, 2, 1);
+    if (ch == nullptr) return;
+    ctl.reset(new Ctl(name));
+    word = test_heap_lock_word(ctl->h);
+    __atomic_store_n(word, cxr__plock_self_id(), __ATOMIC_SEQ_CST);
+    returned = cxr_now_ns();
+  });
+  t.join();
+  int64_t exit_ms = (cxr_now_ns() - returned) / 1000000;
+  ASSERT_NE(ch, nullptr);
+  __atomic_store_n(word, 0u, __ATOMIC_SEQ_CST);
+  EXPECT_LT(exit_ms, 1000) << "the thread's exit waited for the control heap's lock";
+  ctl.reset();
   cxr_channel_close(ch);
 }
 
