@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+extern char **environ;
+
 namespace cxrt {
 
 struct Proc {
@@ -23,34 +25,60 @@ struct Proc {
   std::string buf;
 
   // Runs argv with extra environment entries ("K=V"); inside netns `ns` when not empty.
+  // Everything the child needs is made before the fork: a child of a process with threads
+  // may call only async-signal-safe functions until it execs (putenv or malloc there hung
+  // if another thread held glibc's environment or heap lock at the fork).
   bool start(const std::vector<std::string> &argv, const std::vector<std::string> &env = {},
              const std::string &ns = "") {
+    std::vector<std::string> args;
+    // `ip netns exec` also remounts /sys for the namespace: UCX finds its network
+    // devices in /sys/class/net, which a bare setns() would leave showing the host's.
+    if (!ns.empty()) args = {"/usr/sbin/ip", "netns", "exec", ns};
+    args.insert(args.end(), argv.begin(), argv.end());
+    std::vector<std::string> envs = child_env(env);
+    std::vector<char *> a = c_strings(args), e = c_strings(envs);
     int po[2], pi[2];
-    if (pipe2(po, O_CLOEXEC) || pipe2(pi, O_CLOEXEC)) return false;
+    if (pipe2(po, O_CLOEXEC)) return false;
+    if (pipe2(pi, O_CLOEXEC)) return close(po[0]), close(po[1]), false;
     pid = fork();
-    if (pid < 0) return false;
     if (pid == 0) {
-      dup2(po[1], 1);
-      dup2(pi[0], 0);
-      for (auto &e : env) putenv(strdup(e.c_str()));
-      std::vector<char *> a;
-      // `ip netns exec` also remounts /sys for the namespace: UCX finds its network
-      // devices in /sys/class/net, which a bare setns() would leave showing the host's.
-      if (!ns.empty()) {
-        for (const char *s : {"/usr/sbin/ip", "netns", "exec"}) a.push_back(strdup(s));
-        a.push_back(strdup(ns.c_str()));
-      }
-      for (auto &s : argv) a.push_back(strdup(s.c_str()));
-      a.push_back(nullptr);
-      execv(a[0], a.data());
-      perror("execv");
+      static const char kFailed[] = "proc.h: execve failed\n";
+      if (dup2(po[1], 1) == 1 && dup2(pi[0], 0) == 0) execve(a[0], a.data(), e.data());
+      (void)!write(2, kFailed, sizeof kFailed - 1);
       _exit(127);
     }
     close(po[1]);
     close(pi[0]);
+    if (pid < 0) return close(po[0]), close(pi[1]), false;
     out = po[0];
     in = pi[1];
     return true;
+  }
+
+  // This process's environment with each entry of extra ("K=V") in place of K's own, as
+  // putenv in the child made it (an entry without '=' removes K, as putenv does).
+  static std::vector<std::string> child_env(const std::vector<std::string> &extra) {
+    auto key = [](const std::string &kv) { return kv.substr(0, kv.find('=')); };
+    std::vector<std::string> out;
+    for (char **v = environ; *v; v++) {
+      bool replaced = false;
+      for (auto &x : extra) replaced = replaced || key(x) == key(*v);
+      if (!replaced) out.push_back(*v);
+    }
+    for (size_t i = 0; i < extra.size(); i++) {  // the last entry of a key wins
+      bool later = false;
+      for (size_t j = i + 1; j < extra.size(); j++) later = later || key(extra[j]) == key(extra[i]);
+      if (!later && extra[i].find('=') != std::string::npos) out.push_back(extra[i]);
+    }
+    return out;
+  }
+
+  // argv/envp for execve: pointers into strs, which must outlive them; null-terminated.
+  static std::vector<char *> c_strings(std::vector<std::string> &strs) {
+    std::vector<char *> p;
+    for (auto &s : strs) p.push_back(&s[0]);
+    p.push_back(nullptr);
+    return p;
   }
 
   // The next line of its stdout within timeout_ms ("" on timeout or EOF).

@@ -2,7 +2,6 @@
 // warm, active messages small and large, get/put/atomics on exported memory, errors for
 // unreachable hosts and dead peers, and the pinned-memory budget.
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <stdint.h>
 #include <string.h>
@@ -23,45 +22,10 @@
 
 #include <cxrpc/rdma.h>
 #include "rdma/open_ucx.h"
+#include "tests/rdma/env_writes.h"
 #include "tests/rdma/peer.h"
 
-// This process's writes to its own environment: setenv, unsetenv and putenv are interposed
-// here (the executable's definitions win over libc's). Engines' threads, UCX's among them,
-// call getenv, and setenv may move environ under them: undefined. Tests used to set
-// CXRPC_RDMA_MSG_MAX and UCX_RNDV_THRESH around calls while earlier tests' threads could
-// run; now they give UCX its settings with cxr__rdma_open_ucx and set a variable for a
-// child process only (cxrt::Proc sets it in the child). Checked once every test has run.
-static std::atomic<int> g_env_writes{0};
-
-template <typename F>
-static F next_env_call(const char *name) {
-  return (F)dlsym(RTLD_NEXT, name);
-}
-
-extern "C" int setenv(const char *k, const char *v, int overwrite) noexcept {
-  g_env_writes++;
-  return next_env_call<int (*)(const char *, const char *, int)>("setenv")(k, v, overwrite);
-}
-
-extern "C" int unsetenv(const char *k) noexcept {
-  g_env_writes++;
-  return next_env_call<int (*)(const char *)>("unsetenv")(k);
-}
-
-extern "C" int putenv(char *kv) noexcept {
-  g_env_writes++;
-  return next_env_call<int (*)(char *)>("putenv")(kv);
-}
-
 namespace {
-
-class NoEnvironmentWrites : public ::testing::Environment {
-  void TearDown() override {
-    EXPECT_EQ(g_env_writes.load(), 0) << "a test set this process's environment (see setenv)";
-  }
-};
-const auto *const kNoEnvironmentWrites =
-    ::testing::AddGlobalTestEnvironment(new NoEnvironmentWrites);
 
 const int64_t kSec = 1000000000;
 // Above the chunk size of gets and puts (64 KiB, RMA_BOUNCE_MAX in rdma/mem.c): two chunks.
