@@ -118,8 +118,8 @@ struct RpcSeal : ::testing::Test {
   void open_channel(bool untrusted, const char *batch, unsigned workers = 1) {
     static int n;
     root = cxrt::setup_root("rpcseal");
-    if (batch) setenv("CXRPC_SEAL_BATCH", batch, 1);
-    else unsetenv("CXRPC_SEAL_BATCH");
+    ASSERT_TRUE(batch ? cxrt::setenv_alone("CXRPC_SEAL_BATCH", batch)
+                      : cxrt::unsetenv_alone("CXRPC_SEAL_BATCH"));
     name = "sl" + std::to_string(getpid() % 100000) + "-" + std::to_string(++n);
     cxr_channel_opts o;
     cxr_channel_opts_init(&o);
@@ -139,9 +139,20 @@ struct RpcSeal : ::testing::Test {
     ASSERT_EQ(cxr_channel_start(ch), 0);
     ASSERT_EQ(cxr_connect(&c, name.c_str(), nullptr), 0);
   }
+  // CXRPC_SANDBOX_THREADS=1 for this test's channel. Read when the channel opens, and set
+  // and cleared while no thread of ours runs: cleared right after the open, it raced the
+  // workers' and the seal helper's getenv (setenv may move environ under them).
+  bool sandbox_threads = false;
+  void restrict_workers() {
+    ASSERT_TRUE(cxrt::setenv_alone("CXRPC_SANDBOX_THREADS", "1"));
+    sandbox_threads = true;
+  }
   void TearDown() override {
     cxr_conn_close(c);
     cxr_channel_close(ch);
+    if (sandbox_threads) {
+      EXPECT_TRUE(cxrt::unsetenv_alone("CXRPC_SANDBOX_THREADS")) << "threads outlived the close";
+    }
   }
   // A sealed call on a fresh page holding v: the handler sums it.
   void sum_one_page(unsigned char v) {
@@ -271,9 +282,8 @@ TEST_F(RpcSeal, UntrustedHandlerFaultBecomesEBADPTRAndServingGoesOn) {
 }
 
 TEST_F(RpcSeal, RestrictedWorkersCannotOpenFilesButKeepServing) {
-  setenv("CXRPC_SANDBOX_THREADS", "1", 1);
+  ASSERT_NO_FATAL_FAILURE(restrict_workers());
   open(true, "1");
-  unsetenv("CXRPC_SANDBOX_THREADS");
   void *r = nullptr;
   for (int i = 0; i < 20; i++) EXPECT_EQ(cxr_conn_call(c, M_OPEN, nullptr, &r, nullptr), CXR_EPERM);
   unsigned char *a = (unsigned char *)cxr_heap_alloc_pages(cxr_conn_heap(c), 4096);
@@ -285,9 +295,8 @@ TEST_F(RpcSeal, RestrictedWorkersCannotOpenFilesButKeepServing) {
 }
 
 TEST_F(RpcSeal, ServeLeavesTheCallersThreadUnrestricted) {
-  setenv("CXRPC_SANDBOX_THREADS", "1", 1);
+  ASSERT_NO_FATAL_FAILURE(restrict_workers());
   open_channel(true, "1");
-  unsetenv("CXRPC_SANDBOX_THREADS");
   int serve_rc = 1, open_rc = 1, unlink_rc = 1;
   std::string probe = root + "/probe";
   ::close(::open(probe.c_str(), O_CREAT | O_WRONLY, 0600));
@@ -314,9 +323,8 @@ TEST_F(RpcSeal, ServeLeavesTheCallersThreadUnrestricted) {
 }
 
 TEST_F(RpcSeal, AWorkerTheKernelWillNotRestrictRefusesUntrustedCalls) {
-  setenv("CXRPC_SANDBOX_THREADS", "1", 1);
+  ASSERT_NO_FATAL_FAILURE(restrict_workers());
   open_channel(true, "1");
-  unsetenv("CXRPC_SANDBOX_THREADS");
   bool denied = false;
   int start_rc = 1;
   std::thread([&] {  // the workers inherit this thread's filter
