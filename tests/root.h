@@ -1,9 +1,11 @@
 // The one piece every suite needs first: a CXRPC_ROOT of the test binary's own
-// ($TEST_TMPDIR/<tag>-<pid>), set before the first cxr_* call. Header-only (//tests:root).
+// ($TEST_TMPDIR/<tag>-<pid>), set before the first cxr_* call and before any thread starts,
+// and environment writes checked to happen with no other thread. Header-only (//tests:root).
 #ifndef CXRPC_TESTS_ROOT_H
 #define CXRPC_TESTS_ROOT_H
 
 #include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,14 +13,6 @@
 #include <string>
 
 namespace cxrt {
-
-inline std::string setup_root(const char *tag) {
-  const char *t = getenv("TEST_TMPDIR");
-  std::string root = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid());
-  mkdir(root.c_str(), 0777);
-  setenv("CXRPC_ROOT", root.c_str(), 1);
-  return root;
-}
 
 // This process's threads (entries of /proc/self/task), or -1 if it cannot tell.
 inline int thread_count() {
@@ -53,6 +47,21 @@ inline bool alone() {
 // end, or give it to a child process.
 inline bool setenv_alone(const char *k, const char *v) { return alone() && setenv(k, v, 1) == 0; }
 inline bool unsetenv_alone(const char *k) { return alone() && unsetenv(k) == 0; }
+
+// Sets CXRPC_ROOT: only while no other thread runs (see setenv_alone), so call it before any
+// (at file scope, or where the suite's threads have all ended). Aborts with a message if
+// threads run: call_test set it again mid-binary beside a UCX engine's progress thread.
+inline std::string setup_root(const char *tag) {
+  const char *t = getenv("TEST_TMPDIR");
+  std::string root = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid());
+  mkdir(root.c_str(), 0777);
+  if (!setenv_alone("CXRPC_ROOT", root.c_str())) {
+    fprintf(stderr, "setup_root(%s): %d threads run: setenv may move environ under their "
+            "getenv; set the root before they start\n", tag, thread_count());
+    abort();
+  }
+  return root;
+}
 
 }  // namespace cxrt
 

@@ -30,9 +30,11 @@ using namespace rpctest;
 
 namespace {
 
-// The root every test of the binary uses, set before any runs: the CallLimits tests made
-// none of their own, so that run alone (a filter) they used the pod's default root, shared
-// with every other run of them on the machine (the same heap names in pid namespaces).
+// The root every test of the binary uses, set before main, so before any thread (a connect
+// to a ucx:// address starts the client engine rpc keeps for the process, whose threads run
+// to the end) and before any test: the CallLimits tests made none of their own, so that run
+// alone (a filter) they used the pod's default root, shared with every other run of them on
+// the machine (the same heap names in pid namespaces).
 const std::string kRoot = setup_root("rpc-call");
 
 // A started channel serving the test methods with options o; nullptr (and a failure) if it
