@@ -175,8 +175,14 @@ void cxr__heap_lock_cap(struct cxr_heap *h, int64_t ns, cxr__lock_budget *b) {
   h->lock_budget = b;
 }
 
-static void budget_hold(cxr__lock_budget *b) {
-  while (__atomic_exchange_n(&b->busy, 1, __ATOMIC_ACQUIRE)) cxr__cpu_relax();
+/* Bounded: a child forked while another thread held it inherits it held for good (a review);
+ * there the budget is not applied (each wait keeps its cap), where unbounded it hung. */
+static bool budget_hold(cxr__lock_budget *b) {
+  for (unsigned i = 0; __atomic_exchange_n(&b->busy, 1, __ATOMIC_ACQUIRE); i++) {
+    if (i == 1u << 16) return false; /* ~2 ms of pauses; held for nanoseconds otherwise */
+    cxr__cpu_relax();
+  }
+  return true;
 }
 static void budget_drop(cxr__lock_budget *b) { __atomic_store_n(&b->busy, 0, __ATOMIC_RELEASE); }
 
@@ -192,7 +198,7 @@ static void budget_roll(cxr__lock_budget *b, int64_t now) {
  * reserved: a review found two 50 ms waits under way (each got its lock) left a third none,
  * so an honest handler's allocation failed with nobody jamming. */
 static int64_t budget_left(cxr__lock_budget *b, int64_t wait) {
-  budget_hold(b);
+  if (!budget_hold(b)) return wait;
   budget_roll(b, cxr_now_ns());
   int64_t left = b->per_s_ns - b->spent;
   budget_drop(b);
@@ -201,7 +207,7 @@ static int64_t budget_left(cxr__lock_budget *b, int64_t wait) {
 
 /* A wait of ns that ended without the lock. */
 static void budget_spend(cxr__lock_budget *b, int64_t ns) {
-  budget_hold(b);
+  if (!budget_hold(b)) return;
   budget_roll(b, cxr_now_ns());
   b->spent += ns;
   budget_drop(b);

@@ -237,7 +237,7 @@ TEST_F(CxrpcdPidfd, AFailedPollOfARegistrationBacksOff) {
 TEST_F(CxrpcdPidfd, APollOverOneProcesssPidfdDoesNotResetTheBackOff) {
   // While the poll over every registration fails, a notification's poll over one process's
   // pidfd can work; it used to end the run of failures, so each notification restarted the
-  // back-off at 10 ms (and warned): 7 failed full polls in 200 ms of raises, 1 now (review).
+  // back-off at 10 ms (and warned): 7-18 failed full polls in 200 ms of raises, 1 now.
   cxr__seal_hdr *wa = nullptr, *wb = nullptr;
   int ta = -1, tb = -1;
   Puppet a, b;
