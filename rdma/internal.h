@@ -282,6 +282,9 @@ unsigned cxr__rdma_progress(cxr_rdma *r);
 void cxr__progress_until(cxr_rdma *r, bool (*done)(void *), void *arg, int64_t deadline);
 void cxr__rdma_waiter(cxr_rdma *r, int delta);
 int cxr__am_set(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user, int flags);
+/* How many engines' closes so far left their UCX worker undestroyed (leave_to_ucx): a close
+ * that should have destroyed it did not (tests/rdma/queued.c). */
+unsigned cxr__rdma_left_to_ucx(void);
 
 /* ep.c */
 void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status);

@@ -945,6 +945,7 @@ int cxr_rdma_port(const cxr_rdma *r) { return r ? r->port : 0; }
 
 /* Engines whose close left their UCX worker undestroyed (leave_to_ucx): kept reachable. */
 static cxr_rdma *abandoned;
+static unsigned abandoned_count;  /* how many so far (cxr__rdma_left_to_ucx) */
 static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The end of cxr_rdma_close when endpoints still have one-sided ops pending at a target
@@ -966,7 +967,15 @@ static void leave_to_ucx(cxr_rdma *r, unsigned parked, int bare) {
   pthread_mutex_lock(&abandoned_lock);
   r->next_abandoned = abandoned;
   abandoned = r;
+  abandoned_count++;
   pthread_mutex_unlock(&abandoned_lock);
+}
+
+unsigned cxr__rdma_left_to_ucx(void) {
+  pthread_mutex_lock(&abandoned_lock);
+  unsigned n = abandoned_count;
+  pthread_mutex_unlock(&abandoned_lock);
+  return n;
 }
 
 static bool no_bare(void *arg) {

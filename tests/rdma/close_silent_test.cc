@@ -17,7 +17,10 @@
 #include <cxrpc/rdma.h>
 #include "tests/rdma/peer.h"
 
-extern "C" size_t cxrt_rdma_queued(cxr_rdma *r);  // tests/rdma/queued.c
+// tests/rdma/queued.c
+extern "C" size_t cxrt_rdma_queued(cxr_rdma *r);
+extern "C" unsigned cxrt_rdma_left_to_ucx(void);
+extern "C" int cxrt_rdma_am_set_inline(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user);
 
 // LeakSanitizer: the engine stays reachable, but UCX keeps its endpoints in mmap'd pools it
 // does not scan, so what they point to (the endpoints' extensions, the client's socket
@@ -150,13 +153,11 @@ bool close_while_receiving(bool warm, bool stop_client) {
   EXPECT_EQ(rc, 0);
   if (rc) return false;
   EXPECT_EQ(cxr_rdma_am_set(r, 20, on_big, nullptr), 0);
-  std::string addr = "127.0.0.1:" + std::to_string(cxr_rdma_port(r));
   cxrt::Proc c;
-  EXPECT_TRUE(c.start({"tests/rdma/rdma_peer", "client"}));
-  EXPECT_EQ(c.line(10000), "READY");
-  EXPECT_EQ(c.ask("connect " + addr + " 5000", 10000), "ok");
-  if (warm) {
-    EXPECT_EQ(c.ask("connect " + addr + " 5000", 10000), "ok");
+  cxrt::start_client(c, r, warm);
+  if (testing::Test::HasFatalFailure()) {
+    cxr_rdma_close(r);
+    return false;
   }
   int before = handled.load();
   c.say("sendgone 67108864 3000");
@@ -189,6 +190,45 @@ void runs(bool warm, bool stop_client) {
   for (int i = 0; i < kRecvRuns; i++) in_flight += close_while_receiving(warm, stop_client);
   printf("%d of %d closes with the receive in flight\n", in_flight, kRecvRuns);
   if (in_flight == 0) GTEST_SKIP() << "every message arrived before the close: nothing checked";
+}
+
+// ---- Closing an engine while a warm client sends large messages back to back ----
+// An rdma_peer client that reached the engine from its worker address (a warm connect:
+// receives from it count on the engine, bare_recvs) posts 2 MiB messages every 200 us
+// without waiting (its `stream`: more than the engine takes in, so one is always on its way),
+// by rendezvous, to a handler that frees each at once (inline: none waits in the engine's
+// queue, which would fill and refuse the rest). The engine is closed mid-stream, 8 times.
+// Its close must end with the worker destroyed, not leave it to UCX (rdma/worker.c,
+// leave_to_ucx): it waits up to 1 s for the receives under way and refuses the ones that
+// arrive meanwhile. Before 4435e1c it started those too, so the count seldom reached 0: the
+// close waited out its 1 s and left the worker undestroyed (a review of 909cf15).
+std::atomic<int> streamed{0};
+void on_streamed(cxr_rdma_msg *, void *) { streamed.fetch_add(1); }
+
+TEST(RdmaClose, AWarmClientSendingBackToBackDoesNotKeepTheWorkerFromItsEnd) {
+  for (int run = 0; run < 8; run++) {
+    cxr_rdma *r = nullptr;
+    ASSERT_EQ(cxrt::open_rndv_server(&r, 32 << 20), 0);  // 16 receives under way at most
+    ASSERT_EQ(cxrt_rdma_am_set_inline(r, 20, on_streamed, nullptr), 0);
+    cxrt::Proc c;
+    ASSERT_NO_FATAL_FAILURE(cxrt::start_client(c, r, true));
+    int before = streamed.load();
+    ASSERT_TRUE(c.say("stream 2097152 8000"));
+    int64_t end = cxr_now_ns() + 5 * kSec;
+    while (streamed.load() < before + 16 && cxr_now_ns() < end) usleep(1000);
+    ASSERT_GE(streamed.load(), before + 16) << "the stream did not come";
+    unsigned left = cxrt_rdma_left_to_ucx();
+    int64_t t0 = cxr_now_ns();
+    cxr_rdma_close(r);
+    int64_t took = cxr_now_ns() - t0;
+    printf("run %d: %d messages, the close took %.1f ms\n", run, streamed.load() - before,
+           took / 1e6);
+    EXPECT_EQ(cxrt_rdma_left_to_ucx(), left) << "the close left the worker to UCX";
+    EXPECT_LT(took, 3 * kSec) << "the close is bounded";
+    std::string a = c.line(15000);
+    EXPECT_EQ(a.rfind("streamed ", 0), 0u) << "the client died: " << a;
+    EXPECT_EQ(c.stop(5000), 0) << "the client died";
+  }
 }
 
 TEST(RdmaClose, ThroughTheListenerWhileTheClientSends) { runs(false, false); }

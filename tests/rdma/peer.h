@@ -108,22 +108,33 @@ struct WarmAsk {
 };
 
 // A server engine of ours on a free loopback port whose messages of 64 bytes and more go by
-// rendezvous (UCX's RNDV_THRESH, given to this engine alone: no setenv while threads run).
-inline int open_rndv_server(cxr_rdma **r) {
+// rendezvous (UCX's RNDV_THRESH, given to this engine alone: no setenv while threads run);
+// `queue_max` is its cxr_rdma_opts field (0: the default).
+inline int open_rndv_server(cxr_rdma **r, size_t queue_max = 0) {
   cxr_rdma_opts o;
   cxr_rdma_opts_init(&o);
   o.listen = "127.0.0.1:0";
+  o.queue_max = queue_max;
   return cxr__rdma_open_ucx(r, &o, kRndvAt64);
+}
+
+// Starts an rdma_peer client in `c` and connects it to r's listener; when `warm`, connects
+// again, from r's worker address (the first connect taught it that; the cold endpoint is
+// closed). Call it inside ASSERT_NO_FATAL_FAILURE.
+inline void start_client(Proc &c, cxr_rdma *r, bool warm) {
+  std::string addr = "127.0.0.1:" + std::to_string(cxr_rdma_port(r));
+  ASSERT_TRUE(c.start({"tests/rdma/rdma_peer", "client"}));
+  ASSERT_EQ(c.line(10000), "READY");
+  ASSERT_EQ(c.ask("connect " + addr + " 5000", 10000), "ok");
+  if (warm) {
+    ASSERT_EQ(c.ask("connect " + addr + " 5000", 10000), "ok");
+  }
 }
 
 inline void warm_ask(WarmAsk &w) {
   ASSERT_EQ(open_rndv_server(&w.r), 0);
   ASSERT_EQ(cxr_rdma_am_set(w.r, 20, WarmAsk::on_ping, &w), 0);
-  std::string addr = "127.0.0.1:" + std::to_string(cxr_rdma_port(w.r));
-  ASSERT_TRUE(w.client.start({"tests/rdma/rdma_peer", "client"}));
-  ASSERT_EQ(w.client.line(10000), "READY");
-  ASSERT_EQ(w.client.ask("connect " + addr + " 5000", 10000), "ok");
-  ASSERT_EQ(w.client.ask("connect " + addr + " 5000", 10000), "ok");  // warm
+  ASSERT_NO_FATAL_FAILURE(start_client(w.client, w.r, true));
   ASSERT_TRUE(w.client.say("ping 5000"));
   for (int i = 0; i < 5000 && w.m.load() == nullptr; i++) usleep(1000);
   ASSERT_NE(w.m.load(), nullptr) << "the ping did not come";

@@ -14,6 +14,10 @@
  *                               buffer's pages (MADV_DONTNEED: the caller let it go)
  *     touched                -> "touched <pages>": pages of that buffer read or written
  *                               since (resident again, mincore)
+ *     stream BYTES MS        -> "streamed <posts> <status>": posts BYTES (message 20) every
+ *                               200 us, none waited for (they pile up in UCX when the
+ *                               receiver is slower), until MS pass or the endpoint fails
+ *                               (its status then), then closes the endpoint
  *   rdma_peer flood PORT N [ID [CONNS]]: a bare UCX client of an engine's listener on
  *     127.0.0.1:PORT that speaks its hello (rdma/ep.c: id 1, header {magic "cxrh", version
  *     1, token}, answered with id 2), or sends message ID with that header (answered with
@@ -81,6 +85,28 @@ static long touched(void) {
   return t;
 }
 
+/* stream: one buffer for every post, kept to the process's end (a post may outlive the
+ * endpoint's close). Returns how many posts UCX took; *status gets the endpoint's status. */
+static long stream(cxr_rdma_ep *ep, size_t bytes, long ms, int *status) {
+  static char *buf;
+  static size_t len;
+  if (buf == NULL) {
+    buf = malloc(bytes ? bytes : 1);
+    if (buf == NULL) return -1;
+    memset(buf, 0x17, bytes);
+    len = bytes;
+  }
+  struct iovec iov = {buf, bytes < len ? bytes : len};
+  long posts = 0;
+  int64_t end = cxr_now_ns() + ms * 1000000;
+  while ((*status = cxr_rdma_ep_status(ep)) == 0 && cxr_now_ns() < end) {
+    if (cxr_rdma_am_post(ep, 20, "s", 1, &iov, 1) == 0) posts++;
+    usleep(200);
+  }
+  cxr_rdma_ep_close(ep);
+  return posts;
+}
+
 static int client(void) {
   cxr_rdma *r;
   int rc = cxr_rdma_open(&r, NULL);
@@ -135,6 +161,11 @@ static int client(void) {
       rc = send_and_close(ep, bytes, ms, &took);
       ep = NULL;
       printf("closed %d %ld\n", rc, took);
+    } else if (sscanf(line, "stream %lu %ld", &bytes, &ms) == 2 && ep) {
+      int st = 0;
+      long posts = stream(ep, bytes, ms, &st);
+      ep = NULL;
+      printf("streamed %ld %d\n", posts, st);
     } else if (!strncmp(line, "touched", 7)) {
       printf("touched %ld\n", touched());
     } else {
