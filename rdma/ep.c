@@ -653,14 +653,33 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
   err_job_defer(ep);
 }
 
+/* The endpoint of ours, accepted or opened by us, on UCX handle `uep` (NULL if none). Hold
+ * r->lock. A linked endpoint's handle may be taken out meanwhile (take_uep, a missed
+ * deadline on another thread): read atomically. */
+static cxr_rdma_ep *ep_on(cxr_rdma *r, ucp_ep_h uep) {
+  for (cxr_rdma_ep *e = r->eps; e; e = e->next)
+    if (__atomic_load_n(&e->uep, __ATOMIC_RELAXED) == uep) return e;
+  return NULL;
+}
+
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep) {
-  cxr_rdma_ep *found = NULL;
   pthread_mutex_lock(&r->lock);
-  for (cxr_rdma_ep *e = r->eps; e && !found; e = e->next)
-    if (e->server_side && e->uep == uep) found = e;
+  cxr_rdma_ep *found = ep_on(r, uep);
+  if (found && !found->server_side) found = NULL;
   if (found) found->refs++;
   pthread_mutex_unlock(&r->lock);
   return found;
+}
+
+/* Counted under r->lock: an endpoint found is still linked, so its close, which unlinks it
+ * first, then sees the count in its waits (ep_destroy, ep_close_free). */
+atomic_int *cxr__recv_count(cxr_rdma *r, ucp_ep_h uep) {
+  pthread_mutex_lock(&r->lock);
+  cxr_rdma_ep *e = uep ? ep_on(r, uep) : NULL;
+  atomic_int *open = e ? &e->open_recvs : &r->bare_recvs;
+  atomic_fetch_add(open, 1);
+  pthread_mutex_unlock(&r->lock);
+  return open;
 }
 
 /* The last message off a failed endpoint has it closed on the progress thread, not here: a
@@ -720,7 +739,7 @@ void cxr__ep_unuse(cxr_rdma_ep *ep) { pthread_rwlock_unlock(&ep->ulock); }
 static ucp_ep_h take_uep(cxr_rdma_ep *ep) {
   pthread_rwlock_wrlock(&ep->ulock);
   ucp_ep_h u = ep->uep;
-  ep->uep = NULL;
+  __atomic_store_n(&ep->uep, NULL, __ATOMIC_RELAXED); /* read by ep_on under r->lock alone */
   if (u) atomic_store(&ep->uclose, 1);
   pthread_rwlock_unlock(&ep->ulock);
   return u;

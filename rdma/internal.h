@@ -87,8 +87,8 @@ struct cxr_rdma_ep {
   atomic_int open_sends; /* messages posted on the handle that UCX has not finished (worker.c,
                             am_send; replies too, on an accepted endpoint): UCX may read their
                             data, the caller's, until then */
-  atomic_int open_recvs; /* rendezvous receives of messages held on it (accepted endpoints,
-                            worker.c am_recv_cb) that UCX has not ended: its close ends them */
+  atomic_int open_recvs; /* rendezvous receives of messages that came on its handle (ep.c,
+                            cxr__recv_count) that UCX has not ended: its close ends them */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */
@@ -159,8 +159,8 @@ struct cxr_rdma {
    * a client that connected from our worker address) that UCX has not finished: the close
    * waits for them, as an endpoint's close does for its open_sends (worker.c, am_send). */
   atomic_int bare_sends;
-  /* Rendezvous receives UCX holds for messages with no accepted endpoint of ours behind them
-   * (worker.c, am_recv_cb): the close waits for them as for bare_sends; destroying the worker
+  /* Rendezvous receives UCX holds for messages with no endpoint of ours behind them (ep.c,
+   * cxr__recv_count): the close waits for them as for bare_sends; destroying the worker
    * under one aborted (UCX 1.13: proto_reqs not empty; close_silent_test). */
   atomic_int bare_recvs;
   void (*tick)(void *);
@@ -308,6 +308,11 @@ void cxr__ep_unuse(cxr_rdma_ep *ep);
 void cxr__ep_end(cxr_rdma_ep *ep);
 /* The accepted endpoint behind a reply endpoint, with a reference (NULL if none). */
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep);
+/* Counts a rendezvous receive of a message that came on UCX handle `uep` (its reply
+ * endpoint, or NULL) on the endpoint of ours on that handle, whichever side opened it
+ * (open_recvs: its close ends the receive), or else on the engine (bare_recvs); returns the
+ * counter, to count down once UCX ended the receive. */
+atomic_int *cxr__recv_count(cxr_rdma *r, ucp_ep_h uep);
 void cxr__ep_drop(cxr_rdma_ep *ep);
 
 /* mem.c */

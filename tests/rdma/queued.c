@@ -20,3 +20,16 @@ unsigned cxrt_rdma_left_to_ucx(void) { return cxr__rdma_left_to_ucx(); }
 int cxrt_rdma_am_set_inline(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user) {
   return cxr__am_set(r, id, fn, user, CXR_RDMA_AM_INLINE);
 }
+
+/* Rendezvous receives UCX holds for the engine (rdma/worker.c, am_recv_cb): those counted on
+ * the engine (bare_recvs), on one endpoint (open_recvs), and on the engine and all its
+ * endpoints together. */
+int cxrt_rdma_bare_recvs(cxr_rdma *r) { return atomic_load(&r->bare_recvs); }
+int cxrt_rdma_ep_recvs(cxr_rdma_ep *ep) { return atomic_load(&ep->open_recvs); }
+int cxrt_rdma_recvs(cxr_rdma *r) {
+  int n = atomic_load(&r->bare_recvs);
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_ep *ep = r->eps; ep; ep = ep->next) n += atomic_load(&ep->open_recvs);
+  pthread_mutex_unlock(&r->lock);
+  return n;
+}
