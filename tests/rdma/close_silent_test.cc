@@ -23,6 +23,7 @@ extern "C" unsigned cxrt_rdma_left_to_ucx(void);
 extern "C" int cxrt_rdma_am_set_inline(cxr_rdma *r, unsigned id, cxr_rdma_am_fn fn, void *user);
 extern "C" int cxrt_rdma_bare_recvs(cxr_rdma *r);
 extern "C" int cxrt_rdma_ep_recvs(cxr_rdma_ep *ep);
+extern "C" int cxrt_rdma_recvs(cxr_rdma *r);
 
 // LeakSanitizer: the engine stays reachable, but UCX keeps its endpoints in mmap'd pools it
 // does not scan, so what they point to (the endpoints' extensions, the client's socket
@@ -164,7 +165,8 @@ bool close_while_receiving(bool warm, bool stop_client) {
   int before = handled.load();
   c.say("sendgone 67108864 3000");
   int64_t end = cxr_now_ns() + 5 * kSec;
-  while (cxrt_rdma_queued(r) == 0 && handled.load() == before && cxr_now_ns() < end) {
+  // Until UCX holds the receive (admitted bytes count from before it is posted).
+  while (cxrt_rdma_recvs(r) == 0 && handled.load() == before && cxr_now_ns() < end) {
   }
   bool stopped = false;
   if (stop_client) {
@@ -174,11 +176,16 @@ bool close_while_receiving(bool warm, bool stop_client) {
       EXPECT_EQ(waitpid(c.pid, &ws, WUNTRACED), c.pid);
     }
   }
-  bool in_flight = cxrt_rdma_queued(r) != 0 && handled.load() == before;
+  // In flight: a receive UCX still holds, counted on the engine or an endpoint. (Bytes
+  // admitted and not handled also count a message whose receive is done and that waits in
+  // the queue for its handler, with nothing left to UCX: a review.)
+  bool in_flight = cxrt_rdma_recvs(r) != 0;
+  bool waits = cxrt_rdma_queued(r) != 0 && handled.load() == before;
   int64_t t0 = cxr_now_ns();
   cxr_rdma_close(r);
   int64_t took = cxr_now_ns() - t0;
-  printf("in flight %d, the close took %.1f ms\n", in_flight, took / 1e6);
+  printf("in flight %d (admitted, unhandled %d), the close took %.1f ms\n", in_flight, waits,
+         took / 1e6);
   EXPECT_LT(took, 3 * kSec) << "the close is bounded";
   if (stopped) kill(c.pid, SIGCONT);
   std::string a = c.line(15000);
