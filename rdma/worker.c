@@ -124,9 +124,9 @@ static void bare_flushed(void *request, ucs_status_t status, void *open) {
  * a warm client, lost 3 to 7 runs in 25). So the send stays counted on the engine until a
  * flush of the handle, posted here, ends: over TCP that waits for the receiver's own
  * acknowledgement of the data, sent after it has read the ATP. Runs inside the send's UCX
- * callback, where the handle is alive (UCX may destroy a handle it made once its peer fails,
- * so it is not kept for later); posting a flush there is allowed. True if the flush counts
- * down `open`. */
+ * callback, or right after a send UCX did in place (am_send), where the handle is alive
+ * (UCX may destroy a handle it made once its peer fails, so it is not kept for later);
+ * posting a flush there is allowed. True if the flush counts down `open`. */
 static bool bare_flush(ucp_ep_h uep, atomic_int *open) {
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                            UCP_OP_ATTR_FIELD_USER_DATA,
