@@ -662,14 +662,19 @@ static cxr_rdma_ep *ep_on(cxr_rdma *r, ucp_ep_h uep) {
   return NULL;
 }
 
+/* Any endpoint of ours, not only an accepted one: a message that came on one we opened once
+ * carried only UCX's handle, and a reply after the endpoint's close (by the message's
+ * handler, or on a kept message) posted on that closed handle, inside UCX's freed endpoint,
+ * and returned 0 (close_reply_test, AKeptMessageFromAnEndpointWeClosedCannotBeAnswered). */
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep) {
   pthread_mutex_lock(&r->lock);
   cxr_rdma_ep *found = ep_on(r, uep);
-  if (found && !found->server_side) found = NULL;
   if (found) found->refs++;
   pthread_mutex_unlock(&r->lock);
   return found;
 }
+
+bool cxr__ep_closed(cxr_rdma_ep *ep) { return __atomic_load_n(&ep->closed, __ATOMIC_ACQUIRE); }
 
 /* Counted under r->lock: an endpoint found is still linked, so its close, which unlinks it
  * first, then sees the count in its waits (ep_destroy, ep_close_free). */
@@ -689,9 +694,10 @@ atomic_int *cxr__recv_count(cxr_rdma *r, ucp_ep_h uep) {
 void cxr__ep_drop(cxr_rdma_ep *ep) {
   cxr_rdma *r = ep->r;
   pthread_mutex_lock(&r->lock);
-  bool close = --ep->refs == 0 && ep->zombie;
+  bool last = --ep->refs == 0, free_it = last && ep->kept, close = last && ep->zombie;
   pthread_mutex_unlock(&r->lock);
-  if (close) err_job_defer(ep);
+  if (free_it) ep_free(ep);  /* closed already: no UCX call, fine inside a UCX callback */
+  else if (close) err_job_defer(ep);
 }
 
 int cxr_rdma_ep_status(const cxr_rdma_ep *ep) {
@@ -828,6 +834,15 @@ static void rkeys_destroy(cxr_rdma_ep *ep) {
   }
 }
 
+/* Messages still holding the endpoint (cxr__ep_hold) keep its memory, its handle closed: the
+ * last one frees it (cxr__ep_drop). True then. */
+static bool keep_for_messages(cxr_rdma_ep *ep) {
+  pthread_mutex_lock(&ep->r->lock);
+  bool held = ep->kept = ep->refs > 0;
+  pthread_mutex_unlock(&ep->r->lock);
+  return held;
+}
+
 /* Closes a handle taken out of its endpoint (NULL: none, or another thread's close under
  * way), then frees the endpoint, its remote keys first. A flush to a silent peer could take
  * forever: the close is bounded (200 ms), and a failed endpoint is force-closed. So is one
@@ -854,7 +869,7 @@ static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
              ep->host);
     return;
   }
-  ep_free(ep);
+  if (!keep_for_messages(ep)) ep_free(ep);
 }
 
 /* One-sided ops still with UCX (atomics, chunks of gets/puts abandoned at their deadline,
@@ -896,6 +911,8 @@ static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
  * (ep_close_free), which ends UCX's use of their data before the close returns. */
 static void ep_destroy(cxr_rdma_ep *ep) {
   cxr__eps_unpark(ep->r, 0);  /* parked endpoints whose ops finished meanwhile */
+  /* Before its handle goes: a reply on a message that holds it stops at this (reply). */
+  __atomic_store_n(&ep->closed, true, __ATOMIC_RELEASE);
   ep_unlink(ep);
   ucp_ep_h u = take_uep(ep);
   if (u && atomic_load(&ep->status) == 0 && !all_done(ep, cxr_now_ns() + 200000000) &&

@@ -30,7 +30,9 @@ struct cxr_rdma_msg {
                          message may belong to another thread as soon as it is kept) */
   bool owned;         /* hdr/data are our malloc'd copies */
   size_t charge;      /* bytes counted in r->queued until a handler gets it (0: none) */
-  cxr_rdma_ep *ref;   /* our accepted endpoint it came on (held open), or NULL */
+  cxr_rdma_ep *ref;   /* the endpoint of ours it came on, accepted or opened by us, held (its
+                         memory stays until the message goes: a reply sees its close), or
+                         NULL (a client that connected from our worker address) */
   struct cxr_rdma_msg *next;
 };
 
@@ -94,8 +96,10 @@ struct cxr_rdma_ep {
   bool server_side;     /* accepted by our listener */
   bool pooled;          /* sitting in a host's pool, not handed out */
   bool closing;
-  int refs;             /* messages still holding it (server side; under r->lock) */
-  bool zombie;          /* failed while held: closed when the last message goes */
+  int refs;             /* messages still holding it (under r->lock) */
+  bool zombie;          /* accepted, failed while held: closed when the last message goes */
+  bool closed;          /* its close has begun (ep_destroy): no reply on it; atomic reads */
+  bool kept;            /* closed while held: freed by the last message (under r->lock) */
   void (*on_err)(cxr_rdma_ep *, int, void *);
   void *on_err_user;
   cxr_rdma_rkey *rkeys; /* protected by r->lock */
@@ -306,13 +310,17 @@ void cxr__ep_unuse(cxr_rdma_ep *ep);
  * handle is force-closed, which cancels every request on it; returns once the close is done
  * (by this thread or another one ending it at the same time), up to about a second. */
 void cxr__ep_end(cxr_rdma_ep *ep);
-/* The accepted endpoint behind a reply endpoint, with a reference (NULL if none). */
+/* The endpoint of ours, accepted or opened by us, behind a reply endpoint, with a reference
+ * (NULL if none): given back by cxr__ep_drop. */
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep);
+/* Whether its close has begun (then no message is answered on it: CXR_ENOTCONN). */
+bool cxr__ep_closed(cxr_rdma_ep *ep);
 /* Counts a rendezvous receive of a message that came on UCX handle `uep` (its reply
  * endpoint, or NULL) on the endpoint of ours on that handle, whichever side opened it
  * (open_recvs: its close ends the receive), or else on the engine (bare_recvs); returns the
  * counter, to count down once UCX ended the receive. */
 atomic_int *cxr__recv_count(cxr_rdma *r, ucp_ep_h uep);
+/* Gives back a reference of cxr__ep_hold: the last one frees an endpoint closed meanwhile. */
 void cxr__ep_drop(cxr_rdma_ep *ep);
 
 /* mem.c */

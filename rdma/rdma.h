@@ -126,8 +126,9 @@ int cxr_rdma_am_send(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
 int cxr_rdma_am_post(cxr_rdma_ep *ep, unsigned id, const void *hdr, size_t hlen,
                      const struct iovec *iov, size_t niov);
 /* Answers a message on the endpoint it came from. Same contract as cxr_rdma_am_send, but
- * that endpoint is not the caller's to close: after CXR_ETIMEDOUT the data buffers are the
- * caller's again once cxr_rdma_close returns (cxr_rdma_reply(3), BUGS). */
+ * unless it came on an endpoint the caller opened (then CXR_ENOTCONN once that endpoint is
+ * closed), that endpoint is not the caller's to close: after CXR_ETIMEDOUT the data buffers
+ * are the caller's again once cxr_rdma_close returns (cxr_rdma_reply(3), BUGS). */
 int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                    const struct iovec *iov, size_t niov, int64_t deadline_ns);
 unsigned cxr_rdma_msg_id(const cxr_rdma_msg *m);

@@ -292,9 +292,9 @@ static unsigned run_queued(cxr_rdma *r) {
   return n;
 }
 
-/* eps_gone: the endpoints were closed and freed (cxr__eps_close_all closes every one, held
- * or not), so a message's hold on one is not given back: that would touch freed memory. */
-static void drop_messages(cxr_rdma *r, bool eps_gone) {
+/* A message's hold on its endpoint is given back even after cxr__eps_close_all closed every
+ * one: a held endpoint's memory stays until its last message goes (ep.c, keep_for_messages). */
+static void drop_messages(cxr_rdma *r) {
   for (;;) {
     pthread_mutex_lock(&r->lock);
     cxr_rdma_msg *m = r->mq_head;
@@ -305,7 +305,6 @@ static void drop_messages(cxr_rdma *r, bool eps_gone) {
     }
     pthread_mutex_unlock(&r->lock);
     if (m == NULL) break;
-    if (eps_gone) m->ref = NULL;
     cxr_rdma_msg_free(m);
   }
 }
@@ -462,7 +461,8 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
   m->owned = true;
   m->charge = charge;
   m->reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
-  /* Keep an accepted endpoint open while the message may still answer on it. */
+  /* An endpoint of ours stays while the message may still answer on it: an accepted one open,
+   * one we opened in memory at least, so a reply sees its close (reply). */
   if (m->reply_ep) m->ref = cxr__ep_hold(r, m->reply_ep);
   m->hlen = header_length;
   m->hdr = copy16(header, header_length);
@@ -668,20 +668,22 @@ int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
   return cxr__rdma_reply(m, id, hdr, hlen, iov, niov, NULL, NULL, deadline_ns);
 }
 
-/* A reply on one of our accepted endpoints (m->ref, the handle m->reply_ep) is posted and
- * counted on it, as a send is: the endpoint's close then ends it if it is still pending. Sent
- * on the bare handle, it was left to the close's graceful bound, and an engine closed with
- * replies pending to a client that stopped reading aborted in ucp_worker_destroy (UCX 1.13:
- * proto_reqs not empty; rdma_test). Other messages (from a client that connected from our
- * worker address, or on an endpoint of our own) carry only the handle: a reply on it is
- * counted on the engine (bare_sends), which nothing but the engine's close ends. */
+/* A reply on an endpoint of ours (m->ref, the handle m->reply_ep), accepted or opened by us,
+ * is posted and counted on it, as a send is: the endpoint's close then ends it if it is
+ * still pending. Sent on the bare handle, it was left to the close's graceful bound, and an
+ * engine closed with replies pending to a client that stopped reading aborted in
+ * ucp_worker_destroy (UCX 1.13: proto_reqs not empty; rdma_test). Once that endpoint's close
+ * has begun the reply fails (CXR_ENOTCONN): its handle is closed, or parked for its
+ * one-sided ops only. Messages from a client that connected from our worker address carry
+ * only the handle: a reply on it is counted on the engine (bare_sends), which nothing but
+ * the engine's close ends. */
 static int reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                  const struct iovec *iov, size_t niov, void *owned, void (*owned_free)(void *),
                  int64_t deadline_ns, bool wait) {
   int rc = 0;
   if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) rc = CXR_EINVAL;
   else if (cxr__rdma_copy(m->r)) rc = CXR_ECLOSED;
-  else if (m->reply_ep == NULL) rc = CXR_ENOTCONN;
+  else if (m->reply_ep == NULL || (m->ref && cxr__ep_closed(m->ref))) rc = CXR_ENOTCONN;
   if (rc) {
     owned_drop(owned, owned_free);
     return rc;
@@ -1019,21 +1021,21 @@ void cxr_rdma_close(cxr_rdma *r) {
     pthread_mutex_lock(&r->lock);
     for (rdma_host *h = r->hosts; h; h = h->next) h->valid = false;
     pthread_mutex_unlock(&r->lock);
-    drop_messages(r, false);  /* nobody serves them now; they hold endpoints */
+    drop_messages(r);  /* nobody serves them now; they hold endpoints */
     run_queued(r);
     cxr__eps_close_all(r);
   }
   unsigned parked = r->worker ? cxr__eps_unpark(r, 200000000) : 0;  /* one last wait */
   int bare = r->worker ? bare_left(r) : 0;
   /* After those waits, which progress the worker: messages that came meanwhile are not
-   * served (their handlers would reply through endpoints freed by then), and the error
+   * served (their handlers would reply through endpoints closed by then), and the error
    * handling an endpoint that failed meanwhile deferred (with an argument it allocated)
    * runs, or the argument would be freed below without it. */
-  drop_messages(r, true);
+  drop_messages(r);
   if (r->worker) run_queued(r);
   cxr__pin_fini(r);
   /* Messages and work nobody will run any more. */
-  drop_messages(r, true);
+  drop_messages(r);
   while (r->dq_head) {
     rdma_defer *d = r->dq_head;
     r->dq_head = d->next;

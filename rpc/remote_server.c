@@ -398,7 +398,7 @@ static void on_open(cxr_rdma_msg *m, void *user) {
   pthread_mutex_init(&c->rlock, NULL);
   c->id = id;
   c->token = op.token;
-  c->ep = m->ref;
+  c->ep = m->ref && m->ref->server_side ? m->ref : NULL;  /* an accepted one: ours to watch */
   if (c->ep) {
     cxr_rdma_ep_on_error(c->ep, on_client_gone, l);
     if (cxr_rdma_ep_status(c->ep) != 0) on_client_gone(c->ep, cxr_rdma_ep_status(c->ep), l);

@@ -116,4 +116,54 @@ TEST(CloseReply, ALargeEagerAnswerToASlowWarmClientSurvivesTheClose) {
   runs(true, Way{kEagerBig, env, 128 << 10});
 }
 
+// A message that came on an endpoint we opened (the peer's echo, 21, of our ping), answered
+// after we closed that endpoint: by a handler that closes it first, or later on the kept
+// message. The reply must fail with CXR_ENOTCONN, never post on the closed UCX handle.
+struct OwnEcho {
+  cxr_rdma_ep *ep = nullptr;
+  bool close_in_handler = false;
+  std::atomic<cxr_rdma_msg *> kept{nullptr};
+  std::atomic<int> rc{1};  // the handler's reply (1: not answered)
+
+  static void on_echo(cxr_rdma_msg *m, void *user) {
+    OwnEcho *e = (OwnEcho *)user;
+    if (!e->close_in_handler) {
+      cxr_rdma_msg_keep(m);
+      e->kept.store(m);
+      return;
+    }
+    cxr_rdma_ep_close(e->ep);
+    e->rc.store(cxr_rdma_reply(m, 20, "q", 1, nullptr, 0, cxr_now_ns() + 1000000000));
+  }
+};
+
+void reply_after_close(bool in_handler) {
+  cxrt::Peer peer;
+  cxr_rdma *r = nullptr;
+  OwnEcho e;
+  e.close_in_handler = in_handler;
+  ASSERT_NO_FATAL_FAILURE(cxrt::open_and_connect(peer, &r, &e.ep));
+  ASSERT_EQ(cxr_rdma_am_set(r, 21, OwnEcho::on_echo, &e), 0);
+  ASSERT_EQ(cxr_rdma_am_send(e.ep, 20, "p", 1, nullptr, 0, 0), 0);
+  for (int i = 0; i < 5000 && e.kept.load() == nullptr && e.rc.load() == 1; i++) usleep(1000);
+  if (in_handler) {
+    EXPECT_EQ(e.rc.load(), CXR_ENOTCONN);
+  } else {
+    cxr_rdma_msg *m = e.kept.load();
+    ASSERT_NE(m, nullptr) << "no echo";
+    cxr_rdma_ep_close(e.ep);
+    EXPECT_EQ(cxr_rdma_reply(m, 20, "q", 1, nullptr, 0, cxr_now_ns() + 1000000000),
+              CXR_ENOTCONN);
+    cxr_rdma_msg_free(m);
+  }
+  cxr_rdma_close(r);
+}
+
+TEST(CloseReply, AKeptMessageFromAnEndpointWeClosedCannotBeAnswered) {
+  reply_after_close(false);
+}
+TEST(CloseReply, AHandlerThatClosesItsMessagesEndpointCannotAnswerOnIt) {
+  reply_after_close(true);
+}
+
 }  // namespace
