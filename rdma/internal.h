@@ -98,12 +98,15 @@ struct cxr_rdma_ep {
   bool closing;
   int refs;             /* messages still holding it (under r->lock) */
   bool zombie;          /* accepted, failed while held: closed when the last message goes */
-  bool closed;          /* its close has begun (ep_destroy): no reply on it; atomic reads */
+  bool closed;          /* its close has begun (ep_destroy): no reply on it, no rendezvous
+                           receive; written under r->lock, read atomically */
   bool kept;            /* closed while held: freed by the last message (under r->lock) */
   void (*on_err)(cxr_rdma_ep *, int, void *);
   void *on_err_user;
   cxr_rdma_rkey *rkeys; /* protected by r->lock */
   cxr_rdma_ep *next;    /* r->eps, or r->parked */
+  ucp_ep_h closing_uep; /* its handle while on r->closing_eps (under r->lock) */
+  cxr_rdma_ep *closing_next;  /* r->closing_eps */
   uint64_t id;          /* unique in its engine (r->next_ep_id): an address may be reused */
 };
 
@@ -157,6 +160,10 @@ struct cxr_rdma {
   /* Endpoints closed with one-sided ops still pending at a silent target: not closed in UCX
    * until the ops finish (ep.c, ep_park). Under lock. */
   cxr_rdma_ep *parked;
+  /* Endpoints whose close has begun and whose UCX handle is not closed yet (parked ones
+   * too): a message that arrives on that handle meanwhile still finds its endpoint (ep.c,
+   * ep_on), and a rendezvous one is refused. Under lock. */
+  cxr_rdma_ep *closing_eps;
   struct cxr_rdma *next_abandoned;  /* closed, UCX left undestroyed (worker.c) */
   atomic_int asleep;   /* the progress thread sleeps on the event fd: wake it to defer */
   /* Messages posted on a bare UCX handle, no endpoint of ours (replies and hello answers to
@@ -315,11 +322,11 @@ void cxr__ep_end(cxr_rdma_ep *ep);
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep);
 /* Whether its close has begun (then no message is answered on it: CXR_ENOTCONN). */
 bool cxr__ep_closed(cxr_rdma_ep *ep);
-/* Counts a rendezvous receive of a message that came on UCX handle `uep` (its reply
- * endpoint, or NULL) on the endpoint of ours on that handle, whichever side opened it
- * (open_recvs: its close ends the receive), or else on the engine (bare_recvs); returns the
- * counter, to count down once UCX ended the receive. */
-atomic_int *cxr__recv_count(cxr_rdma *r, ucp_ep_h uep);
+/* Counts a rendezvous receive of a message that came on endpoint `ep` of ours (the one the
+ * message holds; open_recvs: its close ends the receive) or, NULL, on no endpoint of ours
+ * (bare_recvs, the engine's); returns the counter, to count down once UCX ended the receive,
+ * or NULL if the endpoint's close has begun: the receive is refused then. */
+atomic_int *cxr__recv_count(cxr_rdma *r, cxr_rdma_ep *ep);
 /* Gives back a reference of cxr__ep_hold: the last one frees an endpoint closed meanwhile. */
 void cxr__ep_drop(cxr_rdma_ep *ep);
 

@@ -258,8 +258,10 @@ TEST(RdmaClose, FromAWarmClientWithItStopped) { runs(true, true); }
 std::atomic<int> echoed{0};
 void on_echoed(cxr_rdma_msg *, void *) { echoed.fetch_add(1); }
 
-// One run; true if the receive was still in flight when the endpoint's close began.
-bool close_ours_while_receiving(std::vector<char> &big) {
+// One run; true if the receive was still in flight when the endpoint's close began. Given
+// `at_admission`, the peer is stopped and the endpoint closed as soon as the echo is admitted
+// (its bytes counted), before the receive is posted and counted (see below).
+bool close_ours_while_receiving(std::vector<char> &big, bool at_admission = false) {
   cxrt::Peer peer;
   cxr_rdma *r = nullptr;
   cxr_rdma_ep *ep = nullptr;
@@ -276,15 +278,26 @@ bool close_ours_while_receiving(std::vector<char> &big) {
   // Until UCX holds the receive: it is counted after its buffer is allocated (64 MiB: under
   // ASan the endpoint's close began before that when the peer was stopped at the admission).
   auto recvs = [&] { return cxrt_rdma_ep_recvs(ep) + cxrt_rdma_bare_recvs(r); };
-  while (recvs() == 0 && echoed.load() == before && cxr_now_ns() < end) {
+  auto started = [&] { return at_admission ? cxrt_rdma_queued(r) != 0 : recvs() != 0; };
+  while (!started() && echoed.load() == before && cxr_now_ns() < end) {
   }
-  EXPECT_NO_FATAL_FAILURE(cxrt::stop(peer));
-  bool in_flight = recvs() != 0;
+  bool in_flight = false;
+  if (at_admission) {  // no wait for the stop: the close begins while the receive is set up
+    in_flight = echoed.load() == before;
+    EXPECT_EQ(kill(peer.p.pid, SIGSTOP), 0);
+  } else {
+    EXPECT_NO_FATAL_FAILURE(cxrt::stop(peer));
+    in_flight = recvs() != 0;
+  }
   int64_t t0 = cxr_now_ns();
   cxr_rdma_ep_close(ep);
   double took = (cxr_now_ns() - t0) / 1e6;
   int left_on_engine = cxrt_rdma_bare_recvs(r);
   unsigned left = cxrt_rdma_left_to_ucx();
+  if (at_admission) {
+    int ws = 0;
+    EXPECT_EQ(waitpid(peer.p.pid, &ws, WUNTRACED), peer.p.pid);
+  }
   cxr_rdma_close(r);
   printf("in flight %d, the endpoint's close took %.1f ms\n", in_flight, took);
   EXPECT_EQ(left_on_engine, 0) << "the receive outlived its endpoint's close";
@@ -294,12 +307,29 @@ bool close_ours_while_receiving(std::vector<char> &big) {
   return in_flight;
 }
 
-TEST(RdmaClose, ClosingOurEndpointEndsALargeMessageArrivingOnIt) {
+void close_ours_runs(int n, bool at_admission) {
   std::vector<char> big(64 << 20, 'e');
   int in_flight = 0;
-  for (int i = 0; i < kRecvRuns; i++) in_flight += close_ours_while_receiving(big);
-  printf("%d of %d closes with the receive in flight\n", in_flight, kRecvRuns);
+  for (int i = 0; i < n; i++) in_flight += close_ours_while_receiving(big, at_admission);
+  printf("%d of %d closes with the receive in flight\n", in_flight, n);
   if (in_flight == 0) GTEST_SKIP() << "every echo arrived before the close: nothing checked";
+}
+
+TEST(RdmaClose, ClosingOurEndpointEndsALargeMessageArrivingOnIt) {
+  close_ours_runs(kRecvRuns, false);
+}
+
+// The endpoint's close begun while the echo's receive is being set up: admitted (counted in
+// the engine's queued bytes) on the progress thread, its 64 MiB buffer being allocated, its
+// receive not yet posted nor counted. The close found the endpoint idle and chose a graceful
+// close; the receive, posted then, found no endpoint of ours on its handle and counted on the
+// engine: the endpoint's close gave up at 200 ms with it in UCX and the engine's close left
+// the worker undestroyed. A rendezvous message on an endpoint whose close has begun is now
+// refused. The race is not forced: under ASan the allocation is slow enough that every close
+// here hit it (the earlier helper: 9 in 9); a plain build seldom does. The run passes on the
+// new code either way.
+TEST(RdmaClose, ClosingOurEndpointAsALargeMessageIsAdmittedRefusesIt) {
+  close_ours_runs(3 * kRecvRuns, true);
 }
 
 }  // namespace
