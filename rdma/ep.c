@@ -591,13 +591,16 @@ void cxr_rdma_forget(cxr_rdma *r, const char *hostport) {
   rdma_host *h = cxr__host_find(r, hostport);
   if (h) {
     h->valid = false;
-    while (h->npool) drop[n++] = h->pool[--h->npool];
+    /* Not pooled from here, under the lock: an endpoint failing meanwhile has its error job
+     * (which closes a pooled one) leave it to us; cleared after the unlock, both closed it
+     * (a review: a double close, and closing_eps looped into itself). */
+    while (h->npool) {
+      drop[n] = h->pool[--h->npool];
+      drop[n++]->pooled = false;
+    }
   }
   pthread_mutex_unlock(&r->lock);
-  for (unsigned i = 0; i < n; i++) {
-    drop[i]->pooled = false;
-    cxr_rdma_ep_close(drop[i]);
-  }
+  for (unsigned i = 0; i < n; i++) cxr_rdma_ep_close(drop[i]);
 }
 
 /* ---- failures ---- */
@@ -754,7 +757,10 @@ int cxr__ep_use(cxr_rdma_ep *ep, ucp_ep_h *uep) {
   if (st) return st;
   pthread_rwlock_rdlock(&ep->ulock);
   st = atomic_load(&ep->status);
-  if (st == 0 && ep->uep != NULL) {
+  /* Not once its close began (closing_begin precedes take_uep's write lock): a parked
+   * endpoint gets its handle back, and a reply that passed its own look at `closed` before
+   * the close went out on it (a review). */
+  if (st == 0 && ep->uep != NULL && !__atomic_load_n(&ep->closed, __ATOMIC_ACQUIRE)) {
     *uep = ep->uep;
     return 0;
   }
