@@ -839,8 +839,7 @@ TEST(Free, AStringItemNamingALaterListOfMessagesIsFreedOnce) {
   ASSERT_EQ(cxr_str_setz(h, &m->r_leaf.items[0].label, "held by r_leaf"), 0);
   ASSERT_NE(CXR_VEC_ALLOC(h, m->r_string, 2), nullptr);
   ASSERT_EQ(cxr_str_setz(h, &m->r_string.items[1], "its own"), 0);
-  m->r_string.items[0].ptr = (const char *)m->r_leaf.items;
-  m->r_string.items[0].len = 8;
+  name_block(&m->r_string.items[0], m->r_leaf.items);
   m->must = cxrtest_Leaf_new(h);
   ASSERT_NE(m->must, nullptr);
   expect_freed_once_quietly(sh, m);
