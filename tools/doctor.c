@@ -80,6 +80,11 @@ static void ucx(FILE *out) {
   fprintf(out, "%s\n", count ? "" : " none");
   free(buf);
   ucp_cleanup(ctx);
+}
+
+/* The settings that choose transports and pinning: printed whatever UCX made of them, so a
+ * report whose transports are "none" shows the setting that caused it. */
+static void env(FILE *out) {
   const char *vars[] = {"UCX_TLS", "UCX_NET_DEVICES", "UCX_MEM_MALLOC_HOOKS",
                         "CXRPC_RDMA_PIN", "CXRPC_RDMA_PIN_BUDGET"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
@@ -129,6 +134,7 @@ int cxr__doctor(int argc, char **argv, FILE *out) {
   }
   devices(out);
   ucx(out);
+  env(out);
   pkeys(out);
   dax(out);
   return 0;

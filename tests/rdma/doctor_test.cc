@@ -80,6 +80,9 @@ TEST(Doctor, UnknownTransportsAreReportedNotFatal) {
   std::string r = run_cxrpcctl("UCX_TLS=no_such_transport tools/cxrpcctl doctor", &st);
   EXPECT_EQ(st, 0) << r;
   EXPECT_EQ(value(r, "ucx.transports").rfind("none", 0), 0u) << r;
+  // The setting that made UCX fail is shown beside it (it used to be left out then).
+  EXPECT_EQ(value(r, "env.UCX_TLS"), "no_such_transport") << r;
+  EXPECT_NE(value(r, "env.CXRPC_RDMA_PIN"), "<missing>") << r;
 }
 
 TEST(Doctor, Usage) {
