@@ -56,6 +56,8 @@ static _Thread_local const void **free_anc;
 static _Thread_local uint16_t *free_anc_slot;
 static _Thread_local unsigned free_levels; /* levels free_anc holds; 0: not allocated */
 static _Thread_local bool free_anc_kept;   /* thread_exit will free it */
+/* The leaves a _free walk frees at its end (free_pend_add): allocated at its first leaf. */
+static _Thread_local cxr__vctx *free_pend;
 
 /* One key for the blocks this file keeps per thread: its destructor frees them when the
  * thread ends. Its value is only a non-NULL mark (a destructor runs for those alone). */
@@ -78,6 +80,8 @@ static void thread_exit(void *mark) {
   vset_mem = NULL;
   vset_cap = 0;
   free_anc_drop();
+  free(free_pend);
+  free_pend = NULL;
   thread_armed = false; /* the key's value is NULL again: a later block must set it */
 }
 
@@ -444,7 +448,7 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
 
 /* The blocks a _free walk is inside of (its ancestors), a set of at most CXR__MAX_DEPTH:
  * open addressing at half load, 2 * free_levels slots. Removal is last in, first out
- * (cxr__free_leave), which gives back the table as it was before that insertion, so
+ * (free_leave), which gives back the table as it was before that insertion, so
  * clearing the slot is enough. The table is allocated at a thread's first _free with room
  * for FREE_LEVELS_MIN levels and doubled when a walk goes deeper (to CXR__MAX_DEPTH), so
  * that a thread that never frees a message costs nothing: a static table was 72 KiB of TLS
@@ -527,20 +531,65 @@ bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size) {
   return true;
 }
 
-void cxr__free_leave(void) {
+static void free_leave(void) {
   free_anc[free_anc_slot[--free_depth]] = NULL;
   free_anc_done();
 }
 
 uint64_t cxr__free_entered(void) { return free_entered; }
 
-/* A leaf that is a block the walk is inside of (a peer may point a string at its own
- * message, validation allows it) is left to that block's own free, when the walk leaves
- * it: freed here, the walk would go on reading it freed and free it again. Any other leaf
- * may have been freed through another field already (cxr__heap_free_shared). The cost: a
- * lookup in the ancestor table (at most half full) per leaf. */
+/* The leaves (string bodies, scalar arrays) of the thread's top-level _free, freed once at
+ * its end, after every block it enters (free_pend_flush). Freed as the walk met them, a
+ * leaf that a peer pointed at a block the walk had still to enter (a later sibling's
+ * subtree, validation allows it) freed it first: its walk then found it freed, logged and
+ * leaked what it held. At the end, a leaf naming a block the walk entered finds it freed
+ * (cxr__heap_free_shared leaves it). The set is validation's visited set (visit), which
+ * never runs during a _free: the same small table, then the thread's larger block, given
+ * back when over VSET_KEEP_BYTES (cxr__v_end). It costs a probe per leaf, as the ancestor
+ * table did, and no walk more; each leaf named by several fields is freed once. */
+static bool free_pend_add(void *p) {
+  if (free_pend == NULL) {
+    if ((free_pend = calloc(1, sizeof *free_pend)) == NULL) return false;
+    free_pend->set = free_pend->small;
+    free_pend->cap = sizeof free_pend->small / sizeof free_pend->small[0];
+  }
+  return visit(free_pend, (uintptr_t)p) >= 0;
+}
+
+static void free_pend_flush(cxr_heap *h) {
+  cxr__vctx *v = free_pend;
+  if (v == NULL) return;
+  for (size_t i = 0; v->n != 0 && i < v->cap; i++) {
+    if (v->set[i] == 0) continue;
+    cxr__heap_free_shared(h, (void *)v->set[i]);
+    v->set[i] = 0; /* the table is empty again when the loop ends */
+    v->n--;
+  }
+  if (v->set != v->small) { /* back to the small table (which grow left as it was) */
+    cxr__v_end(v);
+    memset(v->small, 0, sizeof v->small);
+    v->set = v->small;
+    v->cap = sizeof v->small / sizeof v->small[0];
+  }
+  if (!thread_exit_armed()) {
+    free(v);
+    free_pend = NULL;
+  }
+}
+
+void cxr__free_exit(cxr_heap *h, void *p) {
+  free_leave();
+  cxr_heap_free(h, p);
+  if (free_depth == 0) free_pend_flush(h);
+}
+
+/* Inside a walk, a leaf waits for its end (free_pend_add). Only when the set cannot grow
+ * (out of memory) is it freed at once, as before: then it is left to its block's own free
+ * if the walk is inside of that block (freed here, the walk would go on reading it freed
+ * and free it again), and one naming a block yet to be entered frees it first. */
 void cxr__free_leaf(cxr_heap *h, void *p) {
   if (p == NULL) return;
+  if (free_depth != 0 && free_pend_add(p)) return;
   if (free_depth != 0 && free_anc[free_anc_find(free_anc, 2 * free_levels, p)] == p) return;
   cxr__heap_free_shared(h, p);
 }
@@ -552,8 +601,7 @@ void cxr__free_strs(cxr_heap *h, cxr_vec_str *a) {
   uint64_t count = CXR__LOAD(&a->count);
   if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
   for (uint64_t i = 0; i < count; i++) cxr__free_leaf(h, (void *)CXR__LOAD(&items[i].ptr));
-  cxr__free_leave();
-  cxr_heap_free(h, items);
+  cxr__free_exit(h, items);
 }
 
 void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a) {
@@ -561,8 +609,7 @@ void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a) {
   uint64_t count = CXR__LOAD(&a->count);
   if (items == NULL || !cxr__free_enter(h, items, count, sizeof *items)) return;
   for (uint64_t i = 0; i < count; i++) cxr__free_leaf(h, (void *)CXR__LOAD(&items[i].ptr));
-  cxr__free_leave();
-  cxr_heap_free(h, items);
+  cxr__free_exit(h, items);
 }
 
 bool cxr__eq_mem(const void *a, uint64_t alen, const void *b, uint64_t blen) {

@@ -210,15 +210,18 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
  * of, so each block is entered once (the work of a tree of the graph's distinct blocks,
  * however it is shared or cyclic); at most cxr_heap_size(h) bytes of blocks per top-level
  * _free and CXR__MAX_DEPTH levels; past that it frees no more (a leak in h, logged, not a
- * hang). A true enter is paired with cxr__free_leave, before the block is freed. The
- * walk's table of those blocks is allocated at the thread's first enter, freed at its exit;
- * an enter that cannot allocate or grow it is false (logged).
+ * hang). A true enter is paired with cxr__free_exit(h, p), which frees the block when its
+ * walk is done and, ending the top-level walk, the leaves it met. The walk's table of
+ * those blocks is allocated at the thread's first enter, freed at its exit; an enter that
+ * cannot allocate or grow it is false (logged).
  * cxr__free_entered: the blocks this thread entered so far (tests). */
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size);
-void cxr__free_leave(void);
+void cxr__free_exit(cxr_heap *h, void *p);
 uint64_t cxr__free_entered(void);
-/* Frees a walk's leaf p (a string body or scalar array) unless it is a block the walk is
- * inside of (freed when the walk leaves it) or free already (another field named it). */
+/* A walk's leaf p (a string body or scalar array): freed once at the end of the top-level
+ * walk, after all of its blocks, so a leaf naming one of them (validation allows it) or
+ * named by several fields is freed once and no block is freed before its walk; outside a
+ * walk, freed now. */
 void cxr__free_leaf(cxr_heap *h, void *p);
 void cxr__free_strs(cxr_heap *h, cxr_vec_str *a);
 void cxr__free_bytess(cxr_heap *h, cxr_vec_bytes *a);

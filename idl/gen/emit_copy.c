@@ -80,9 +80,10 @@ static void copy_repeated(gen_buf *c, const gm_field *x) {
 
 /* ---- free: releases what a value owns ---- */
 
-/* String and bytes bodies and scalar arrays are leaves, freed by cxr__free_leaf: nothing
+/* String and bytes bodies and scalar arrays are leaves, given to cxr__free_leaf: nothing
  * is read through them, so they are not entered (cxr__free_enter); two fields may name one
- * (validation allows it), or a block the walk is inside of, and each is freed once. */
+ * (validation allows it), or any block of the graph, and each is freed once, at the end of
+ * the top-level walk (cxr__free_exit). */
 
 static void free_value(gen_buf *c, const gm_field *x, const char *e, const char *ind) {
   if (x->kind == GK_STRING || x->kind == GK_BYTES)
@@ -103,7 +104,7 @@ static void free_repeated(gen_buf *c, const gm_field *x) {
               "    uint64_t cnt = CXR__LOAD(&m->%s.count);\n"
               "    if (it && cxr__free_enter(h, it, cnt, sizeof *it)) {\n"
               "      for (uint64_t i = 0; i < cnt; i++) %s__fin(h, &it[i]);\n"
-              "      cxr__free_leave();\n      cxr_heap_free(h, it);\n    }\n  }\n",
+              "      cxr__free_exit(h, it);\n    }\n  }\n",
               x->msg->cname, n, n, x->msg->cname);
   else
     gb_printf(c, "  cxr__free_leaf(h, m->%s.items);\n", n);
@@ -280,11 +281,13 @@ static void walk_pass(gen_buf *c, walk w, const gm_msg *g, pass p) {
   }
 }
 
-/* The free walk frees the blocks it enters before the leaves (string bodies, scalar
- * arrays), and the messages before the lists of strings or bytes (whose items are leaves):
- * a leaf a peer pointed at a message block of this one's subtree then finds it freed by its
- * walk and leaves it (cxr__free_leaf), where freeing it first had that walk refuse it
- * (logged) and leak its leaves. Each oneof's case is read once for every pass. */
+/* The free walk takes the blocks it enters before the leaves (string bodies, scalar
+ * arrays), and the messages before the lists of strings or bytes (whose items are leaves).
+ * The leaves wait for the end of the top-level walk (cxr__free_leaf) but when their set
+ * cannot grow (out of memory): then they are freed at once, and this order still has a
+ * leaf a peer pointed at a message block of this one's subtree find it freed by its walk,
+ * where freeing it first had that walk refuse it (logged) and leak its leaves. Each
+ * oneof's case is read once for every pass. */
 static void walk_fields(gen_buf *c, walk w, const gm_msg *g) {
   if (w != W_FREE) {
     walk_pass(c, w, g, P_ALL);
@@ -387,7 +390,7 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
     gb_printf(c,
               "\nvoid %s_free(cxr_heap *h, %s *m) {\n"
               "  if (!h || !m || !cxr__free_enter(h, m, 1, sizeof *m)) return;\n"
-              "  %s__fin(h, m);\n  cxr__free_leave();\n  cxr_heap_free(h, m);\n}\n",
+              "  %s__fin(h, m);\n  cxr__free_exit(h, m);\n}\n",
               n, n, n);
     gb_printf(c,
               "\nvoid %s_release(cxr_conn *c, %s *m) {\n  if (!c || !m) return;\n"
