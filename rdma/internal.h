@@ -174,6 +174,14 @@ struct cxr_rdma {
    * cxr__recv_count): the close waits for them as for bare_sends; destroying the worker
    * under one aborted (UCX 1.13: proto_reqs not empty; close_silent_test). */
   atomic_int bare_recvs;
+  /* 1 while the engine is open, and 1 per message kept with cxr_rdma_msg_keep and not freed
+   * yet: the last to let go frees this struct (worker.c, engine_put). A kept message freed
+   * after cxr_rdma_close read the freed engine, and gave its endpoint's hold back under the
+   * freed lock (close_reply_test, AKeptMessage...OutlivesTheClose, ASan). */
+  atomic_int refs;
+  /* cxr_rdma_close is past its last wait: no reply (the worker is gone) and no deferred work
+   * (nothing runs it) any more, for the kept messages that still reach the engine. */
+  atomic_bool closed;
   void (*tick)(void *);
   void *tick_user;
   int64_t spin_ns;

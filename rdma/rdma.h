@@ -134,7 +134,8 @@ int cxr_rdma_reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
 unsigned cxr_rdma_msg_id(const cxr_rdma_msg *m);
 const void *cxr_rdma_msg_hdr(const cxr_rdma_msg *m, size_t *len);
 const void *cxr_rdma_msg_data(const cxr_rdma_msg *m, size_t *len);
-/* Keeps the message after the handler returns; the owner frees it with cxr_rdma_msg_free. */
+/* Keeps the message after the handler returns; the owner frees it with cxr_rdma_msg_free,
+ * also after cxr_rdma_close (a reply then fails with CXR_ECLOSED). */
 void cxr_rdma_msg_keep(cxr_rdma_msg *m);
 void cxr_rdma_msg_free(cxr_rdma_msg *m);
 

@@ -217,6 +217,8 @@ void cxr__wake(cxr_rdma *r) { ucp_worker_signal(r->worker); }
 
 static int defer(cxr_rdma *r, void (*fn)(void *), void *user, bool wake) {
   if (r == NULL || fn == NULL) return CXR_EINVAL;
+  /* (After the close only a kept message's last hold on a failed endpoint defers work.) */
+  if (atomic_load(&r->closed)) return CXR_ECLOSED;
   rdma_defer *d = malloc(sizeof *d);
   if (d == NULL) return CXR_ENOMEM;
   d->fn = fn;
@@ -248,15 +250,30 @@ static void msg_enqueue(cxr_rdma *r, cxr_rdma_msg *m) {
   pthread_mutex_unlock(&r->lock);
 }
 
+/* The struct alone: UCX and everything else of the engine went in cxr_rdma_close. */
+static void engine_free(cxr_rdma *r) {
+  pthread_mutex_destroy(&r->lock);
+  pthread_mutex_destroy(&r->bounce_lock);
+  free(r);
+}
+
+/* Lets go of one of r->refs: the close's, or a kept message's. */
+static void engine_put(cxr_rdma *r) {
+  if (atomic_fetch_sub(&r->refs, 1) == 1) engine_free(r);
+}
+
 void cxr_rdma_msg_free(cxr_rdma_msg *m) {
   /* A fork child's copy of a message is left alone: dropping its endpoint could close it. */
   if (m == NULL || cxr__rdma_copy(m->r)) return;
-  if (m->ref) cxr__ep_drop(m->ref);
+  cxr_rdma *r = m->r;
+  bool kept = m->kept;
+  if (m->ref) cxr__ep_drop(m->ref);  /* under r->lock: the engine goes after */
   if (m->owned) {
     free(m->hdr);
     free(m->data);
   }
   free(m);
+  if (kept) engine_put(r);
 }
 
 static unsigned run_queued(cxr_rdma *r) {
@@ -546,6 +563,8 @@ const void *cxr_rdma_msg_data(const cxr_rdma_msg *m, size_t *len) {
 }
 void cxr_rdma_msg_keep(cxr_rdma_msg *m) {
   if (m == NULL || cxr__rdma_copy(m->r)) return;
+  /* Handlers run before the close is past the progress thread: the engine is still open. */
+  if (!m->kept) atomic_fetch_add(&m->r->refs, 1);
   m->kept = true;
   if (m->kept_out) *m->kept_out = true;
   m->kept_out = NULL;
@@ -691,7 +710,7 @@ static int reply(cxr_rdma_msg *m, unsigned id, const void *hdr, size_t hlen,
                  int64_t deadline_ns, bool wait) {
   int rc = 0;
   if (m == NULL || id > CXR_RDMA_AM_MAX || id == 0) rc = CXR_EINVAL;
-  else if (cxr__rdma_copy(m->r)) rc = CXR_ECLOSED;
+  else if (cxr__rdma_copy(m->r) || atomic_load(&m->r->closed)) rc = CXR_ECLOSED;
   else if (m->reply_ep == NULL || (m->ref && cxr__ep_closed(m->ref))) rc = CXR_ENOTCONN;
   if (rc) {
     owned_drop(owned, owned_free);
@@ -877,6 +896,7 @@ int cxr__rdma_open_ucx(cxr_rdma **out, const cxr_rdma_opts *o, const char *const
   cxr_rdma *r = calloc(1, sizeof *r);
   if (r == NULL) return CXR_ENOMEM;
   r->epoch = atomic_load(&cxr__rdma_fork_epoch);
+  atomic_init(&r->refs, 1);  /* the open engine's; kept messages add theirs */
   pthread_mutex_init(&r->lock, NULL);
   pthread_mutex_init(&r->bounce_lock, NULL);
   r->spin_ns = o->spin_ns;
@@ -1042,6 +1062,7 @@ void cxr_rdma_close(cxr_rdma *r) {
    * runs, or the argument would be freed below without it. */
   drop_messages(r);
   if (r->worker) run_queued(r);
+  atomic_store(&r->closed, true);  /* kept messages that outlive the close see it */
   cxr__pin_fini(r);
   /* Messages and work nobody will run any more. */
   drop_messages(r);
@@ -1058,7 +1079,7 @@ void cxr_rdma_close(cxr_rdma *r) {
     free(h);
   }
   if (parked || bare) {
-    leave_to_ucx(r, parked, bare);
+    leave_to_ucx(r, parked, bare);  /* kept reachable, never freed: r->refs stays above 0 */
     return;
   }
   if (r->worker) ucp_worker_destroy(r->worker);
@@ -1068,7 +1089,7 @@ void cxr_rdma_close(cxr_rdma *r) {
     n = op->next;
     op_free(op);
   }
-  pthread_mutex_destroy(&r->lock);
-  pthread_mutex_destroy(&r->bounce_lock);
-  free(r);
+  /* Messages still kept hold the struct (and the lock their endpoints are dropped under):
+   * the last one freed frees it. */
+  engine_put(r);
 }

@@ -166,4 +166,84 @@ TEST(CloseReply, AHandlerThatClosesItsMessagesEndpointCannotAnswerOnIt) {
   reply_after_close(true);
 }
 
+// Messages kept past their engine's close (cxr_rdma_msg_keep(3)): the engine's memory stays
+// until the last one is freed. Each is still whole, a reply to it fails with CXR_ECLOSED (its
+// connection went with the close), and it is freed after the close. Until 2026-11-28 the
+// close freed the engine under them: the reply and cxr_rdma_msg_free read it (ASan:
+// heap-use-after-free in cxr_rdma_msg_free, and in the reply before it), and the free gave
+// the endpoint's hold back under the engine's freed lock.
+struct Keeper {
+  std::atomic<int> n{0};
+  cxr_rdma_msg *kept[2] = {nullptr, nullptr};
+
+  static void on_msg(cxr_rdma_msg *m, void *user) {
+    Keeper *k = (Keeper *)user;
+    int i = k->n.load();
+    if (i >= 2) return;  // (only two are asked for)
+    cxr_rdma_msg_keep(m);
+    k->kept[i] = m;
+    k->n.store(i + 1);
+  }
+
+  bool wait(int want) {
+    for (int i = 0; i < 5000 && n.load() < want; i++) usleep(1000);
+    return n.load() >= want;
+  }
+};
+
+// After the close: m is the client's ping ("p", message 20), and cannot be answered.
+void check_kept(cxr_rdma_msg *m) {
+  size_t hl = 0, dl = 1;
+  const char *h = (const char *)cxr_rdma_msg_hdr(m, &hl);
+  EXPECT_EQ(cxr_rdma_msg_id(m), 20u);
+  ASSERT_EQ(hl, 1u);
+  EXPECT_EQ(h[0], 'p');
+  cxr_rdma_msg_data(m, &dl);
+  EXPECT_EQ(dl, 0u);
+  EXPECT_EQ(cxr_rdma_reply(m, 21, "a", 1, nullptr, 0, cxr_now_ns() + 1000000000), CXR_ECLOSED);
+}
+
+// Two pings from an rdma_peer client, kept unanswered; the engine closed; both freed after.
+void kept_past_close(bool warm) {
+  Keeper k;
+  cxr_rdma *r = nullptr;
+  ASSERT_EQ(cxrt::open_rndv_server(&r), 0);
+  ASSERT_EQ(cxr_rdma_am_set(r, 20, Keeper::on_msg, &k), 0);
+  cxrt::Proc client;
+  ASSERT_NO_FATAL_FAILURE(cxrt::start_client(client, r, warm));
+  // Each ping waits for an echo that never comes: 300 ms, or until the close ends it.
+  ASSERT_TRUE(client.say("ping 300"));
+  ASSERT_TRUE(k.wait(1)) << "the first ping did not come";
+  EXPECT_EQ(client.line(10000), "timeout");
+  ASSERT_TRUE(client.say("ping 300"));
+  ASSERT_TRUE(k.wait(2)) << "the second ping did not come";
+  cxr_rdma_close(r);
+  std::string got = client.line(10000);  // "timeout", or "gone" as the close ended it
+  EXPECT_TRUE(got == "timeout" || got.rfind("gone", 0) == 0) << got;
+  ASSERT_NO_FATAL_FAILURE(check_kept(k.kept[0]));
+  cxr_rdma_msg_free(k.kept[0]);  // the engine stays: the other one still holds it
+  ASSERT_NO_FATAL_FAILURE(check_kept(k.kept[1]));
+  cxr_rdma_msg_free(k.kept[1]);  // the last: the engine's memory goes
+  EXPECT_EQ(client.stop(5000), 0) << "the client died";
+}
+
+TEST(CloseReply, AKeptMessageThroughTheListenerOutlivesTheClose) { kept_past_close(false); }
+TEST(CloseReply, AKeptMessageFromAWarmClientOutlivesTheClose) { kept_past_close(true); }
+
+// The peer's echo on an endpoint we opened, kept, and freed after the engine's close (which
+// closed that endpoint too) and nothing else.
+TEST(CloseReply, AKeptMessageFromAnEndpointWeOpenedOutlivesTheClose) {
+  cxrt::Peer peer;
+  cxr_rdma *r = nullptr;
+  OwnEcho e;
+  ASSERT_NO_FATAL_FAILURE(cxrt::open_and_connect(peer, &r, &e.ep));
+  ASSERT_EQ(cxr_rdma_am_set(r, 21, OwnEcho::on_echo, &e), 0);
+  ASSERT_EQ(cxr_rdma_am_send(e.ep, 20, "p", 1, nullptr, 0, 0), 0);
+  for (int i = 0; i < 5000 && e.kept.load() == nullptr; i++) usleep(1000);
+  cxr_rdma_msg *m = e.kept.load();
+  ASSERT_NE(m, nullptr) << "no echo";
+  cxr_rdma_close(r);
+  cxr_rdma_msg_free(m);
+}
+
 }  // namespace
