@@ -56,7 +56,10 @@ static _Thread_local const void **free_anc;
 static _Thread_local uint16_t *free_anc_slot;
 static _Thread_local unsigned free_levels; /* levels free_anc holds; 0: not allocated */
 static _Thread_local bool free_anc_kept;   /* thread_exit will free it */
-/* The leaves a _free walk frees at its end (free_pend_add): allocated at its first leaf. */
+/* The leaves a _free walk frees at its end (free_pend_add): allocated at its first leaf.
+ * Its larger tables are its own, never the thread's validation block (grow): a walk cut
+ * short by a fault (cxr_sandbox_run) leaves it filled until the thread's next _free, and a
+ * validation run in between would clear or free it. */
 static _Thread_local cxr__vctx *free_pend;
 
 /* One key for the blocks this file keeps per thread: its destructor frees them when the
@@ -80,6 +83,7 @@ static void thread_exit(void *mark) {
   vset_mem = NULL;
   vset_cap = 0;
   free_anc_drop();
+  if (free_pend != NULL && free_pend->set != free_pend->small) free(free_pend->set);
   free(free_pend);
   free_pend = NULL;
   thread_armed = false; /* the key's value is NULL again: a later block must set it */
@@ -158,8 +162,9 @@ static inline size_t hash_ptr(uintptr_t p) {
  * large enough, else into a new block that replaces it. */
 static int grow(cxr__vctx *v) {
   size_t ncap = v->cap * 2;
+  bool own = v == free_pend; /* its blocks are its own (free_pend) */
   uintptr_t *ns;
-  if (v->set != vset_mem && vset_cap >= ncap) {
+  if (!own && v->set != vset_mem && vset_cap >= ncap) {
     ns = vset_mem;
     memset(ns, 0, ncap * sizeof *ns);
   } else if (!(ns = calloc(ncap, sizeof *ns))) {
@@ -172,23 +177,27 @@ static int grow(cxr__vctx *v) {
     while (ns[j]) j = (j + 1) & (ncap - 1);
     ns[j] = q;
   }
-  if (ns != vset_mem) vset_adopt(ns, ncap);  /* frees the old block, v->set if it was it */
+  if (own && v->set != v->small) free(v->set);
+  else if (!own && ns != vset_mem) vset_adopt(ns, ncap); /* frees the old block (v->set?) */
   v->set = ns;
   v->cap = ncap;
   return 0;
 }
 
-/* Inserts p; returns 1 if it was already there, 0 if inserted, <0 on error. The set
- * never holds more than max_nodes entries (callers count first). */
+/* Inserts p; returns 1 if it was already there, 0 if inserted, <0 on error (then p is
+ * not there: a set that cannot grow still answers 1 for what it holds). The set never
+ * holds more than max_nodes entries (callers count first). */
 static int visit(cxr__vctx *v, uintptr_t p) {
-  if ((v->n + 1) * 2 > v->cap) {
-    int rc = grow(v);
-    if (rc) return rc;
-  }
   size_t j = hash_ptr(p) & (v->cap - 1);
   while (v->set[j]) {
     if (v->set[j] == p) return 1;
     j = (j + 1) & (v->cap - 1);
+  }
+  if ((v->n + 1) * 2 > v->cap) {
+    int rc = grow(v);
+    if (rc) return rc;
+    j = hash_ptr(p) & (v->cap - 1);
+    while (v->set[j]) j = (j + 1) & (v->cap - 1);
   }
   v->set[j] = p;
   v->n++;
@@ -547,6 +556,7 @@ uint64_t cxr__free_entered(void) { return free_entered; }
  * never runs during a _free: the same small table, then the thread's larger block, given
  * back when over VSET_KEEP_BYTES (cxr__v_end). It costs a probe per leaf, as the ancestor
  * table did, and no walk more; each leaf named by several fields is freed once. */
+/* True when p waits in the set (added now or before). */
 static bool free_pend_add(void *p) {
   if (free_pend == NULL) {
     if ((free_pend = calloc(1, sizeof *free_pend)) == NULL) return false;
@@ -565,13 +575,14 @@ static void free_pend_flush(cxr_heap *h) {
     v->set[i] = 0; /* the table is empty again when the loop ends */
     v->n--;
   }
-  if (v->set != v->small) { /* back to the small table (which grow left as it was) */
-    cxr__v_end(v);
+  if (v->set != v->small && v->cap * sizeof *v->set > vset_keep_bytes()) {
+    free(v->set); /* back to the small table (which grow left as it was) */
     memset(v->small, 0, sizeof v->small);
     v->set = v->small;
     v->cap = sizeof v->small / sizeof v->small[0];
   }
   if (!thread_exit_armed()) {
+    if (v->set != v->small) free(v->set);
     free(v);
     free_pend = NULL;
   }
@@ -581,6 +592,36 @@ void cxr__free_exit(cxr_heap *h, void *p) {
   free_leave();
   cxr_heap_free(h, p);
   if (free_depth == 0) free_pend_flush(h);
+}
+
+void cxr__free_msg(cxr_heap *h, void *p, size_t size, void (*fin)(cxr_heap *, void *)) {
+  if (p == NULL || !cxr__free_enter(h, p, 1, size)) return;
+  fin(h, p);
+  cxr__free_exit(h, p);
+}
+
+static uint64_t free_cut; /* abandoned walks found: logged at the 1st, 2nd, 4th... */
+
+/* A walk found still under way by a top-level _free was abandoned: cxr_sandbox_run cut a
+ * handler's _free short at a fault (a peer shrank its heap under it, say). Its ancestors
+ * and depth would make every later _free of the thread a part of it, whose leaves then
+ * wait for an end that never comes (leaked). Its own leaves are dropped, not freed: their
+ * heap may be the one that faulted, and the walk's blocks were not all freed. */
+static void free_abandoned(void) {
+  size_t left = free_pend != NULL ? free_pend->n : 0;
+  while (free_depth != 0) free_anc[free_anc_slot[--free_depth]] = NULL;
+  if (free_pend != NULL) {
+    memset(free_pend->set, 0, free_pend->cap * sizeof *free_pend->set);
+    free_pend->n = 0;
+  }
+  if (cxr__log_due(__atomic_add_fetch(&free_cut, 1, __ATOMIC_RELAXED)))
+    CXR_WARN("idl: a _free cut short (a fault in a sandboxed handler?) left %zu string(s) or "
+             "array(s) allocated; the thread's next _free starts afresh", left);
+}
+
+void cxr__free_top(cxr_heap *h, void *p, size_t size, void (*fin)(cxr_heap *, void *)) {
+  if (free_depth != 0) free_abandoned();
+  cxr__free_msg(h, p, size, fin);
 }
 
 /* Inside a walk, a leaf waits for its end (free_pend_add). Only when the set cannot grow

@@ -217,6 +217,12 @@ int cxr__cp_bytess(cxr_heap *to, cxr_vec_bytes *d, const cxr_vec_bytes *s, cxr__
  * cxr__free_entered: the blocks this thread entered so far (tests). */
 bool cxr__free_enter(cxr_heap *h, const void *p, uint64_t count, size_t size);
 void cxr__free_exit(cxr_heap *h, void *p);
+/* A message block p of size bytes met by a walk: entered, walked by fin (its __fin),
+ * left and freed. cxr__free_top does the same as a top-level _free (the generated X_free,
+ * never called inside a walk): a walk it finds under way was abandoned (cut short by a
+ * fault in cxr_sandbox_run) and is dropped first (logged), so the thread's frees go on. */
+void cxr__free_msg(cxr_heap *h, void *p, size_t size, void (*fin)(cxr_heap *, void *));
+void cxr__free_top(cxr_heap *h, void *p, size_t size, void (*fin)(cxr_heap *, void *));
 uint64_t cxr__free_entered(void);
 /* A walk's leaf p (a string body or scalar array): freed once at the end of the top-level
  * walk, after all of its blocks, so a leaf naming one of them (validation allows it) or

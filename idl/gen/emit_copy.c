@@ -89,7 +89,8 @@ static void free_value(gen_buf *c, const gm_field *x, const char *e, const char 
   if (x->kind == GK_STRING || x->kind == GK_BYTES)
     gb_printf(c, "%scxr__free_leaf(h, (void *)%s.ptr);\n", ind, e);
   else if (x->kind == GK_MESSAGE)
-    gb_printf(c, "%s%s_free(h, %s);\n", ind, x->msg->cname, e);
+    gb_printf(c, "%scxr__free_msg(h, %s, sizeof(%s), %s__fin);\n", ind, e, x->msg->cname,
+              x->msg->cname);
 }
 
 static void free_repeated(gen_buf *c, const gm_field *x) {
@@ -389,8 +390,7 @@ void emit_copy(gen_buf *h, gen_buf *c, const gm_file *f) {
               n, n, n, n, n, n, n, n);
     gb_printf(c,
               "\nvoid %s_free(cxr_heap *h, %s *m) {\n"
-              "  if (!h || !m || !cxr__free_enter(h, m, 1, sizeof *m)) return;\n"
-              "  %s__fin(h, m);\n  cxr__free_exit(h, m);\n}\n",
+              "  if (h && m) cxr__free_top(h, m, sizeof *m, %s__fin);\n}\n",
               n, n, n);
     gb_printf(c,
               "\nvoid %s_release(cxr_conn *c, %s *m) {\n  if (!c || !m) return;\n"

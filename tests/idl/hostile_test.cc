@@ -428,3 +428,62 @@ TEST(SandboxedValidation, AFaultInsideTheValidatorLeaksNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+size_t heap_used(cxr_heap *h) {
+  cxr_heap_stats st;
+  cxr_heap_get_stats(h, &st);
+  return st.used;
+}
+
+struct FreeArgs {
+  cxr_heap *h;
+  Ev *m;
+};
+
+int free_everything(void *arg) {
+  FreeArgs *a = (FreeArgs *)arg;
+  cxrtest_Everything_free(a->h, a->m);
+  return 0;
+}
+
+// A handler's _free cut short by a fault (cxr_sandbox_run) after its set of leaves grew past
+// its first table, then a large validation on the same thread, then a _free. The set used
+// to share the thread's validation block: the validation freed it and the _free wrote into
+// it (ASan: heap-use-after-free in visit); without the validation, every later _free of
+// the thread joined the abandoned walk and its leaves waited for an end that never came.
+TEST_F(Hostile, AFreeCutShortByAFaultLeavesTheThreadsNextFreesWhole) {
+  long page = sysconf(_SC_PAGESIZE);
+  for (bool validate : {false, true}) {
+    Ev *m = cxrtest_Everything_new(dst);
+    ASSERT_NE(m, nullptr);
+    ASSERT_NE(m->inner = cxrtest_Everything_Inner_new(dst), nullptr);
+    ASSERT_NE(CXR_VEC_ALLOC(dst, m->inner->notes, 200), nullptr);  // 200 leaves: the set grows
+    for (uint64_t i = 0; i < 200; i++)
+      ASSERT_EQ(cxr_str_setz(dst, &m->inner->notes.items[i], "n"), 0);
+    uint64_t n = (4 * page) / sizeof(cxrtest_Leaf) + 1;  // a list walked after the notes
+    ASSERT_NE(CXR_VEC_ALLOC(dst, m->r_leaf, n), nullptr);
+    uintptr_t last = ((uintptr_t)&m->r_leaf.items[n - 1]) & ~(uintptr_t)(page - 1);
+    ASSERT_EQ(mprotect((void *)last, page, PROT_NONE), 0);
+    FreeArgs fa = {dst, m};
+    EXPECT_EQ(cxr_sandbox_run(free_everything, &fa), CXR_EBADPTR);
+    ASSERT_EQ(mprotect((void *)last, page, PROT_READ | PROT_WRITE), 0);
+    if (validate) {  // a validation outgrowing the thread's block
+      FaultingTree f = faulting_tree();
+      ASSERT_NE(f.root, nullptr);
+      ASSERT_EQ(mprotect(f.mem + f.len - page, page, PROT_READ | PROT_WRITE), 0);
+      ValidateArgs va = {f.root, {f.mem, f.len}};
+      EXPECT_EQ(validate_tree(&va), 0);
+      munmap(f.mem, f.len);
+    }
+    size_t before = heap_used(dst);
+    Ev *k = cxrtest_Everything_new(dst);
+    ASSERT_NE(k, nullptr);
+    ASSERT_EQ(cxr_str_setz(dst, &k->name, "leaf"), 0);
+    cxrtest_Everything_free(dst, k);
+    EXPECT_EQ(heap_used(dst), before) << "the later _free left its string allocated";
+  }
+}
+
+}  // namespace
