@@ -83,6 +83,8 @@ struct cxr_rdma_ep {
    * held for reading while a request is posted, never while waiting) and taken out under
    * ulock for writing before it is closed (ep.c, "the UCX handle's lifetime"). */
   ucp_ep_h uep;
+  ucp_ep_h handle;      /* the same handle as made, never cleared: ep_on finds the endpoint by
+                           it while a missed deadline's close of it is under way (uclose 1) */
   pthread_rwlock_t ulock;
   atomic_int uclose;    /* 0 open, 1 its handle is being closed, 2 closed */
   atomic_int open_ops;  /* one-sided ops posted on the handle that UCX has not finished (mem.c) */
@@ -204,6 +206,8 @@ struct cxr_rdma {
   size_t queued;           /* bytes of admitted messages no handler got yet (worker.c) */
   uint64_t msgs_too_big, msgs_queue_full;  /* messages dropped before any allocation */
   uint64_t msgs_unhandled, msgs_no_memory;  /* ... for an id without handler; out of memory */
+  uint64_t rndv_refused_closing;  /* rendezvous receives refused: their endpoint was closing
+                                     (ep.c, cxr__recv_count; tests read it) */
 
   int pin_mode;
   size_t pin_budget, pinned, pinned_peak, registered;
@@ -325,6 +329,10 @@ void cxr__ep_unuse(cxr_rdma_ep *ep);
  * handle is force-closed, which cancels every request on it; returns once the close is done
  * (by this thread or another one ending it at the same time), up to about a second. */
 void cxr__ep_end(cxr_rdma_ep *ep);
+/* Tests only (NULL otherwise): run by cxr__ep_end once it has taken the handle `u` out of the
+ * endpoint and before it closes it, the window in which a message may still arrive on it
+ * (close_silent_test forces one there). */
+extern void (*cxr__ep_end_window)(cxr_rdma_ep *ep, ucp_ep_h u);
 /* The endpoint of ours, accepted or opened by us, behind a reply endpoint, with a reference
  * (NULL if none): given back by cxr__ep_drop. */
 cxr_rdma_ep *cxr__ep_hold(cxr_rdma *r, ucp_ep_h uep);

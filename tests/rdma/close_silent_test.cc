@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -24,6 +25,13 @@ extern "C" int cxrt_rdma_am_set_inline(cxr_rdma *r, unsigned id, cxr_rdma_am_fn 
 extern "C" int cxrt_rdma_bare_recvs(cxr_rdma *r);
 extern "C" int cxrt_rdma_ep_recvs(cxr_rdma_ep *ep);
 extern "C" int cxrt_rdma_recvs(cxr_rdma *r);
+extern "C" uint64_t cxrt_rdma_refused_closing(cxr_rdma *r);
+extern "C" cxr_rdma_ep *cxrt_rdma_msg_ref(cxr_rdma_msg *m);
+extern "C" void cxrt_rdma_ep_end(cxr_rdma_ep *ep, void (*fn)(void *arg, void *u), void *arg);
+extern "C" void *cxrt_rdma_post_on(void *u, unsigned id, const void *hdr, size_t hlen,
+                                   const void *data, size_t len);
+extern "C" bool cxrt_rdma_req_done(void *req);
+extern "C" unsigned cxrt_rdma_progress(cxr_rdma *r);
 
 // LeakSanitizer: the engine stays reachable, but UCX keeps its endpoints in mmap'd pools it
 // does not scan, so what they point to (the endpoints' extensions, the client's socket
@@ -330,6 +338,83 @@ TEST(RdmaClose, ClosingOurEndpointEndsALargeMessageArrivingOnIt) {
 // new code either way.
 TEST(RdmaClose, ClosingOurEndpointAsALargeMessageIsAdmittedRefusesIt) {
   close_ours_runs(3 * kRecvRuns, true);
+}
+
+// ---- A message arriving while a missed deadline closes our endpoint's handle ----
+// cxr__ep_end (a one-sided op's missed deadline) takes the UCX handle out of the endpoint,
+// then closes it: a message may still arrive on the handle in between. The test forces it
+// there (the window hook): on the handle, it sends the rdma_peer server a small message and
+// a 1 MiB one (message 20, echoed as 21; the peer's echoes of 64 bytes and more go by
+// rendezvous), and progresses until both echoes came in. Both must hold the endpoint: the
+// large one's receive is refused (the handle is being closed), the small one, kept, cannot
+// be answered (CXR_ENOTCONN). Before, the endpoint was found by its handle field alone,
+// which the window had cleared: the small echo held no endpoint (a reply would have gone
+// bare on the closed handle) and the large one's receive ran, counted on the engine.
+struct Window {
+  cxr_rdma *r = nullptr;
+  uint64_t refused0 = 0;
+  std::atomic<cxr_rdma_msg *> small{nullptr};
+  std::atomic<int> large{0};
+  int bare_seen = 0;
+  bool both = false;
+};
+
+void on_window_echo(cxr_rdma_msg *m, void *user) {
+  Window *w = (Window *)user;
+  size_t hl = 0;
+  const char *h = (const char *)cxr_rdma_msg_hdr(m, &hl);
+  if (hl == 1 && h[0] == 's') {
+    cxr_rdma_msg_keep(m);
+    w->small.store(m);
+  } else {
+    w->large.fetch_add(1);
+  }
+}
+
+void in_window(void *arg, void *u) {
+  Window *w = (Window *)arg;
+  static std::vector<char> big(1 << 20, 'w');
+  void *rs = cxrt_rdma_post_on(u, 20, "s", 1, nullptr, 0);
+  void *rb = cxrt_rdma_post_on(u, 20, "b", 1, big.data(), big.size());
+  int64_t end = cxr_now_ns() + 10 * kSec;
+  while (cxr_now_ns() < end) {
+    cxrt_rdma_progress(w->r);
+    if (rs && cxrt_rdma_req_done(rs)) rs = nullptr;  // given back to UCX: not polled again
+    if (rb && cxrt_rdma_req_done(rb)) rb = nullptr;
+    bool sent = rs == nullptr && rb == nullptr;
+    w->bare_seen = std::max(w->bare_seen, cxrt_rdma_bare_recvs(w->r));
+    bool large_in = cxrt_rdma_refused_closing(w->r) != w->refused0 || w->large.load() != 0;
+    if (sent && large_in && w->small.load() != nullptr) {
+      w->both = true;
+      return;
+    }
+  }
+}
+
+TEST(RdmaClose, AMessageInAMissedDeadlinesCloseWindowHoldsItsEndpoint) {
+  cxrt::Peer peer;
+  ASSERT_TRUE(peer.start({"UCX_RNDV_THRESH=64"}));
+  Window w;
+  cxr_rdma_ep *ep = nullptr;
+  ASSERT_EQ(cxr_rdma_open(&w.r, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_connect(w.r, peer.addr().c_str(), cxr_now_ns() + 10 * kSec, &ep), 0);
+  ASSERT_EQ(cxr_rdma_am_set(w.r, 21, on_window_echo, &w), 0);
+  w.refused0 = cxrt_rdma_refused_closing(w.r);
+  cxrt_rdma_ep_end(ep, in_window, &w);
+  EXPECT_EQ(cxr_rdma_ep_status(ep), CXR_ENOTCONN);
+  ASSERT_TRUE(w.both) << "the echoes did not come within 10 s";
+  cxr_rdma_msg *m = w.small.load();
+  EXPECT_EQ(cxrt_rdma_msg_ref(m), ep) << "the small echo holds no endpoint";
+  EXPECT_EQ(cxrt_rdma_refused_closing(w.r), w.refused0 + 1) << "the large echo was not refused";
+  EXPECT_EQ(w.large.load(), 0) << "the large echo was received";
+  EXPECT_EQ(w.bare_seen, 0) << "the large echo's receive counted on the engine";
+  if (cxrt_rdma_msg_ref(m) == ep) {  // else the reply would post on the closed UCX handle
+    EXPECT_EQ(cxr_rdma_reply(m, 22, "r", 1, nullptr, 0, cxr_now_ns() + kSec), CXR_ENOTCONN);
+  }
+  cxr_rdma_msg_free(m);
+  cxr_rdma_ep_close(ep);
+  cxr_rdma_close(w.r);
+  EXPECT_FALSE(cxrt::died_within(peer, 100)) << "the peer died";
 }
 
 }  // namespace

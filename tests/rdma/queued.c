@@ -33,3 +33,53 @@ int cxrt_rdma_recvs(cxr_rdma *r) {
   pthread_mutex_unlock(&r->lock);
   return n;
 }
+
+/* Rendezvous receives the engine refused because their endpoint was closing (rdma/ep.c,
+ * cxr__recv_count). */
+uint64_t cxrt_rdma_refused_closing(cxr_rdma *r) {
+  pthread_mutex_lock(&r->lock);
+  uint64_t n = r->rndv_refused_closing;
+  pthread_mutex_unlock(&r->lock);
+  return n;
+}
+
+/* The endpoint of ours a message holds (NULL: none). */
+cxr_rdma_ep *cxrt_rdma_msg_ref(cxr_rdma_msg *m) { return m->ref; }
+
+/* Ends the endpoint as a missed deadline does (rdma/ep.c, cxr__ep_end), running fn(arg, u)
+ * in its window: its UCX handle `u` taken out of the endpoint and not yet closed. */
+static void (*window_fn)(void *, void *);
+static void *window_arg;
+static void window(cxr_rdma_ep *ep, ucp_ep_h u) {
+  (void)ep;
+  window_fn(window_arg, u);
+}
+
+void cxrt_rdma_ep_end(cxr_rdma_ep *ep, void (*fn)(void *arg, void *u), void *arg) {
+  window_fn = fn;
+  window_arg = arg;
+  cxr__ep_end_window = fn ? window : NULL;
+  cxr__ep_end(ep);
+  cxr__ep_end_window = NULL;
+}
+
+/* Posts message `id` (header, data) on a bare UCX handle, asking for replies on it: the
+ * request to poll with cxrt_rdma_req_done (NULL: done in place; an error: 1). */
+void *cxrt_rdma_post_on(void *u, unsigned id, const void *hdr, size_t hlen, const void *data,
+                        size_t len) {
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                           .flags = UCP_AM_SEND_FLAG_REPLY};
+  ucs_status_ptr_t sp = ucp_am_send_nbx(u, id, hdr, hlen, data, len, &p);
+  return UCS_PTR_IS_ERR(sp) ? (void *)1 : sp;
+}
+
+/* Whether a request of cxrt_rdma_post_on ended (then it is given back to UCX). */
+bool cxrt_rdma_req_done(void *req) {
+  if (req == NULL || req == (void *)1) return true;
+  if (ucp_request_check_status(req) == UCS_INPROGRESS) return false;
+  ucp_request_free(req);
+  return true;
+}
+
+/* Progresses the engine's worker once on the calling thread. */
+unsigned cxrt_rdma_progress(cxr_rdma *r) { return cxr__rdma_progress(r); }
