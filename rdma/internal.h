@@ -93,6 +93,9 @@ struct cxr_rdma_ep {
                             data, the caller's, until then */
   atomic_int open_recvs; /* rendezvous receives of messages that came on its handle (ep.c,
                             cxr__recv_count) that UCX has not ended: its close ends them */
+  atomic_int reqs;      /* the three above together (cxr__req_begin/end), and a close of its
+                           handle under way (take_uep to close_uep), plus EP_REQS_ORPHAN once
+                           its close returned before they ended: the last to end frees it */
   char host[HOSTKEY_MAX];
   _Atomic int status;
   bool server_side;     /* accepted by our listener */
@@ -242,6 +245,7 @@ typedef struct rdma_op {
                                   not call UCX */
   atomic_int *open;   /* counted down when UCX finishes the op (an endpoint's open_ops or
                          open_sends, or the engine's bare_sends) */
+  cxr_rdma_ep *ep;    /* the endpoint `open` is on (NULL: the engine), for cxr__req_end */
   ucp_ep_h flush_uep; /* a message on a bare UCX handle: counted down only once a flush of
                          the handle posted at its completion ends (worker.c, bare_flush) */
   cxr_rdma *keep;     /* set: ended with an error, the op is parked on keep->graves, not freed */
@@ -345,6 +349,15 @@ bool cxr__ep_closed(cxr_rdma_ep *ep);
 atomic_int *cxr__recv_count(cxr_rdma *r, cxr_rdma_ep *ep);
 /* Gives back a reference of cxr__ep_hold: the last one frees an endpoint closed meanwhile. */
 void cxr__ep_drop(cxr_rdma_ep *ep);
+/* A request UCX now holds, counted on `open`: one of endpoint ep's counters (open_ops,
+ * open_sends, open_recvs) and its total, or with ep NULL one of the engine's. */
+static inline void cxr__req_begin(cxr_rdma_ep *ep, atomic_int *open) {
+  if (ep) atomic_fetch_add(&ep->reqs, 1);
+  atomic_fetch_add(open, 1);
+}
+/* Counts it down once UCX ended it: the last request of an endpoint whose close returned
+ * before they ended frees it (no UCX call: fine inside a UCX callback). */
+void cxr__req_end(cxr_rdma_ep *ep, atomic_int *open);
 
 /* mem.c */
 int cxr__pin_init(cxr_rdma *r, const cxr_rdma_opts *o);

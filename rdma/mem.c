@@ -387,14 +387,15 @@ enum { RMA_GET, RMA_PUT, RMA_FLUSH };
 static int post_begin(cxr_rdma_ep *ep, rdma_op *op, ucp_ep_h *uep) {
   int rc = cxr__ep_use(ep, uep);
   if (rc) return rc;
-  atomic_fetch_add(&ep->open_ops, 1);
   op->open = &ep->open_ops;
+  op->ep = ep;
+  cxr__req_begin(ep, op->open);
   return 0;
 }
 
 static ucs_status_ptr_t post_end(cxr_rdma_ep *ep, ucs_status_ptr_t sp) {
   cxr__ep_unuse(ep);
-  if (sp == NULL || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(&ep->open_ops, 1);
+  if (sp == NULL || UCS_PTR_IS_ERR(sp)) cxr__req_end(ep, &ep->open_ops);
   return sp;
 }
 

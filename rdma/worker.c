@@ -137,7 +137,7 @@ static bool bare_flush(ucp_ep_h uep, atomic_int *open) {
 static void op_finish(rdma_op *op, ucs_status_t status) {
   op->status = status;
   if (op->open && !(op->flush_uep && status == UCS_OK && bare_flush(op->flush_uep, op->open)))
-    atomic_fetch_sub(op->open, 1);
+    cxr__req_end(op->ep, op->open);
   int expect = 0;
   /* The waiter gave up: the op is ours to release. */
   if (!atomic_compare_exchange_strong(&op->state, &expect, 1)) cxr__op_release(op);
@@ -371,13 +371,15 @@ typedef struct rndv_ctx {
   am_slot *slot;
   cxr_rdma_msg *m;
   atomic_int *open;  /* its endpoint's open_recvs, or the engine's bare_recvs */
+  cxr_rdma_ep *ep;   /* that endpoint (NULL: the engine) */
 } rndv_ctx;
 
 /* The count goes last, once nothing here touches the message's endpoint any more. */
 static void recv_untrack(rndv_ctx *c) {
   atomic_int *open = c->open;
+  cxr_rdma_ep *ep = c->ep;
   free(c);
-  atomic_fetch_sub(open, 1);
+  cxr__req_end(ep, open);
 }
 
 static void rndv_done(void *request, ucs_status_t status, size_t length, void *user) {
@@ -502,7 +504,8 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
       cxr_rdma_msg_free(m);
       return UCS_ERR_CANCELED;
     }
-    *c = (rndv_ctx){.slot = s, .m = m, .open = open};
+    *c = (rndv_ctx){.slot = s, .m = m, .open = open,
+                    .ep = open == &r->bare_recvs ? NULL : m->ref};
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = rndv_done,
@@ -646,14 +649,15 @@ static int am_send(cxr_rdma *r, cxr_rdma_ep *ep, ucp_ep_h uep, unsigned id, unsi
    * whose close waits for it: destroying the worker under it aborted (cxr_rdma_close).
    * Without a request there is no callback to count it down. */
   op->open = ep ? &ep->open_sends : &r->bare_sends;
+  op->ep = ep;
   op->flush_uep = ep ? NULL : uep;
-  atomic_fetch_add(op->open, 1);
+  cxr__req_begin(ep, op->open);
   ucs_status_ptr_t sp = ucp_am_send_nbx(uep, id, op->hdr_copy, hlen, buf, count, &p);
   /* Done in place on a bare handle: over TCP the tail of an eager message may still be in
    * UCX's send buffer (a slow reader's full socket), which the engine's close would destroy:
    * it stays counted until a flush ends, as one that completes through its callback does. */
   bool flushing = sp == NULL && !ep && bare_flush(uep, op->open);
-  if ((sp == NULL && !flushing) || UCS_PTR_IS_ERR(sp)) atomic_fetch_sub(op->open, 1);
+  if ((sp == NULL && !flushing) || UCS_PTR_IS_ERR(sp)) cxr__req_end(ep, op->open);
   if (ep) cxr__ep_unuse(ep);
   if (!wait) {
     if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
