@@ -668,7 +668,8 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
     if (h) h->valid = false;
     pthread_mutex_unlock(&r->lock);
   }
-  void (*cb)(cxr_rdma_ep *, int, void *) = __atomic_load_n(&ep->on_err, __ATOMIC_ACQUIRE);
+  /* seq_cst with the status CAS above and the store in cxr_rdma_ep_on_error: see there. */
+  void (*cb)(cxr_rdma_ep *, int, void *) = __atomic_load_n(&ep->on_err, __ATOMIC_SEQ_CST);
   if (cb) cb(ep, err, __atomic_load_n(&ep->on_err_user, __ATOMIC_RELAXED));
   err_job_defer(ep);
 }
@@ -749,9 +750,13 @@ int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *, int, void *)
   if (ep == NULL) return CXR_EINVAL;
   if (cxr__rdma_copy(ep->r)) return CXR_ECLOSED;
   /* Set from any thread while the progress thread may be failing the endpoint: the user
-   * pointer first, published by the function pointer. */
+   * pointer first, published by the function pointer. A caller that then reads the status
+   * (rpc/remote_server.c) must not miss a failure whose callback missed cb: with release
+   * here and acquire there, the store and the later load could pass each other on x86 (a
+   * store-buffer reorder) and the client would never be reaped; seq_cst on both sides and
+   * on the status orders them (at worst both see each other: the callback runs twice). */
   __atomic_store_n(&ep->on_err_user, user, __ATOMIC_RELAXED);
-  __atomic_store_n(&ep->on_err, cb, __ATOMIC_RELEASE);
+  __atomic_store_n(&ep->on_err, cb, __ATOMIC_SEQ_CST);
   return 0;
 }
 
