@@ -121,12 +121,17 @@ static void tell_server(cxr_conn *c, uint64_t call_id) {
   if (err) CXR_DEBUG("remote %s: cancel not sent: %s", rc->chan, cxr_strerror(err));
 }
 
-static void entry_release(cxr_future *f) {
+/* Puts a FREE entry back on the free list. */
+static void entry_push(cxr_future *f) {
   cxr_conn *c = f->c;
-  __atomic_store_n(&f->state, CXR__F_FREE, __ATOMIC_RELEASE);
   pthread_mutex_lock(&c->lock);
   c->free_idx[c->nfree++] = f->index;
   pthread_mutex_unlock(&c->lock);
+}
+
+static void entry_release(cxr_future *f) {
+  __atomic_store_n(&f->state, CXR__F_FREE, __ATOMIC_RELEASE);
+  entry_push(f);
 }
 
 static void queue_release(cxr_conn *c, uint64_t root) {
@@ -211,8 +216,11 @@ static void on_call_rep(cxr_rdma_msg *m, void *user) {
   if (rc == NULL) goto out;
   cxr_conn *c = rc->c;
   uint32_t idx = (uint32_t)h->call_id, gen = (uint32_t)(h->call_id >> 32);
-  if (idx >= c->ntab || gen == 0 || __atomic_load_n(&c->tab[idx].gen, __ATOMIC_RELAXED) != gen)
+  if (idx >= c->ntab || gen == 0) goto out;
+  if (__atomic_load_n(&c->tab[idx].gen, __ATOMIC_RELAXED) != gen) {
+    queue_release(c, h->result); /* late: its entry carries a newer call */
     goto out;
+  }
   cxr_future *f = &c->tab[idx];
   int status = h->status;
   if (status > 0 || status < CXR_ERRNO_MIN) status = CXR_EPROTO;
@@ -222,6 +230,11 @@ static void on_call_rep(cxr_rdma_msg *m, void *user) {
       if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
                                        __ATOMIC_ACQUIRE))
         continue;
+      if (__atomic_load_n(&f->gen, __ATOMIC_ACQUIRE) != gen) { /* reused since the look */
+        __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
+        queue_release(c, h->result);
+        break;
+      }
       void *result = (void *)(uintptr_t)h->result;
       int lr = land_result(rc, h, d, dl);
       if (lr) {
@@ -237,15 +250,21 @@ static void on_call_rep(cxr_rdma_msg *m, void *user) {
       fire(f, gen);
       break;
     }
-    if (s == CXR__F_ORPHAN || s == CXR__F_ABANDONED) {
-      if (!__atomic_compare_exchange_n(&f->state, &s, s == CXR__F_ORPHAN ? CXR__F_DONE : CXR__F_BUSY,
-                                       false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (s == CXR__F_ORPHAN) { /* late: its caller gave up but holds the future */
+      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE))
         continue;
-      queue_release(c, h->result);  /* late: nobody will read it */
-      if (s == CXR__F_ABANDONED) entry_release(f);
+      /* The entry may have been freed and given to a call that is now an orphan too. */
+      bool ours = __atomic_load_n(&f->gen, __ATOMIC_ACQUIRE) == gen;
+      __atomic_store_n(&f->state, ours ? CXR__F_DONE : CXR__F_ORPHAN, __ATOMIC_RELEASE);
+      queue_release(c, h->result); /* nobody will read it */
       break;
     }
     if (s == CXR__F_BUSY) continue;
+    /* FREE: late, its future freed (the entry goes back at once: cxr__remote_future_free),
+     * or since given to another call and freed again; the result goes back to the server.
+     * DONE: a second reply to one call (a broken server): the first one's result stays. */
+    if (s == CXR__F_FREE) queue_release(c, h->result);
     break;
   }
 out:
@@ -577,7 +596,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
     if (rg[i].len) iov[niov++] = (struct iovec){(void *)rg[i].p, rg[i].len};
   r_call h = {.magic = R_MAGIC, .method = method, .conn_id = rc->conn_id,
               .call_id = cxr__future_call_id(f), .token = rc->token,
-              .args = inl ? 0 : (uint64_t)(uintptr_t)args, .arg_len = inl ? inl : bytes,
+              .args = inl ? 0 : (uint64_t)(uintptr_t)args, .arg_len = inl ? inl : o->arg_len,
               .deadline_rel = rel, .flags = o->flags & ~(unsigned)CXR_CALL_SEAL,
               .nranges = (uint32_t)nr, .nrel = nrel, .inline_len = (uint32_t)inl};
   if (o->ranges == NULL && args != NULL && !inl) h.arg_len = rg[0].len;
@@ -689,10 +708,16 @@ void cxr__remote_future_free(cxr_future *f) {
         entry_release(f);
         return;
       case CXR__F_ORPHAN:
-        if (__atomic_compare_exchange_n(&f->state, &s, CXR__F_ABANDONED, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
-          return;
-        continue;
+        /* Back at once: a late reply, if any, finds it FREE or a newer generation and only
+         * gives its result back. Until 2026-11-28 the entry waited for that reply
+         * (ABANDONED), and kept it for good when none came (a reply the server dropped or
+         * refused): after 256 such calls a live connection answered every call CXR_EFULL.
+         * A CAS: a late reply may be making it DONE meanwhile. */
+        if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_FREE, false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+          continue;
+        entry_push(f);
+        return;
       case CXR__F_BUSY:
         continue;
       default:

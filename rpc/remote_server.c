@@ -689,7 +689,7 @@ static void handle_call(struct cxr__rlisten *l, cxr_rdma_msg *m, int64_t arrived
     c = NULL;
   }
   if (c == NULL) {
-    reply_call(l, NULL, m, &h, 0, CXR_ECLOSED, NULL, NULL, 0);
+    reply_call(l, NULL, m, &h, h.token, CXR_ECLOSED, NULL, NULL, 0);
     return;
   }
   run_call(l, m, &h, c, arrived);
@@ -745,7 +745,7 @@ static void on_call(cxr_rdma_msg *m, void *user) {
   pthread_mutex_unlock(&l->qlock);
   if (refuse) {
     free(j);
-    if (hl == sizeof *hp) reply_call(l, NULL, m, hp, 0, refuse, NULL, NULL, 0);
+    if (hl == sizeof *hp) reply_call(l, NULL, m, hp, hp->token, refuse, NULL, NULL, 0);
   }
 }
 

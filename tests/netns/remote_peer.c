@@ -499,6 +499,25 @@ static int client(const char *t) {
       }
       if (rc) printf("err %d\n", rc);
       else printf("ok %" PRId64 " %" PRId64 "\n", used[0], used[1]);
+    } else if (sscanf(line, "rootlast %ld", &a) == 1) {
+      /* A block of N MiB, then the root (args) above it; both shipped as ranges. */
+      cxr_heap *hh = cxr_conn_heap(conn);
+      char *bigb = cxr_heap_alloc(hh, (size_t)a << 20);
+      char *rootb = cxr_heap_alloc(hh, 1 << 20);
+      int rc = bigb && rootb ? 0 : CXR_ENOMEM;
+      if (rc == 0) {
+        cxr_range rg[2] = {{rootb, 16}, {bigb, (size_t)a << 20}};
+        cxr_call_opts o;
+        cxr_call_opts_init(&o);
+        o.ranges = rg;
+        o.nranges = 2;
+        rc = cxr_conn_call(conn, M_NOOP, rootb, NULL, &o);
+      }
+      char *hb = (char *)cxr_heap_base(hh);
+      if (rc) printf("err %d %ld %ld\n", rc, (long)(bigb - hb), (long)(rootb - hb));
+      else printf("ok %ld %ld\n", (long)(bigb - hb), (long)(rootb - hb));
+      if (bigb) cxr_heap_free(hh, bigb);
+      if (rootb) cxr_heap_free(hh, rootb);
     } else if (sscanf(line, "noop %ld", &a) == 1) {
       cxr_call_opts o;
       cxr_call_opts_init(&o);

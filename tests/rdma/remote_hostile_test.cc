@@ -28,6 +28,7 @@ struct Replies {
   std::atomic<long> aa{0}, bb{0}, other{0};
   std::atomic<int> calls_ok{0};    // replies with status 0
   std::atomic<long> aa_total{0};   // 0xAA bytes of every reply
+  std::atomic<uint64_t> call_token{0};  // the token of the last call reply
 };
 
 void on_open_rep(cxr_rdma_msg *m, void *user) {
@@ -55,6 +56,7 @@ void on_call_rep(cxr_rdma_msg *m, void *user) {
   r->aa_total += aa;
   if (h->status == 0) r->calls_ok++;
   r->call_status = h->status;
+  r->call_token = h->token;
   r->calls++;
 }
 
@@ -225,6 +227,49 @@ TEST_F(Hostile, TheReplicaBudgetComesFromTheServersEnvironment) {
   EXPECT_EQ(open("kv", pod5_slice(), 1 << 20), 0);
   EXPECT_EQ(open("kv", slice_of(6), 1 << 20), 0);
   EXPECT_EQ(open("kv", slice_of(7), 1 << 20), CXR_EFULL);  // the budget is spent
+}
+
+// The answer the server gives a call it refuses (no such connection, a wrong token: what a
+// client whose connection the server took back meets) must carry the call's token, or the
+// real client, which matches replies by token, drops it and waits out its deadline. It
+// carried 0 until an audit of 2026-11-28; so did the CXR_EFULL of a full worker queue (the
+// same one-line change in on_call; filling 1 GiB of queue is too slow for a test).
+TEST_F(Hostile, ARefusalCarriesTheCallersToken) {
+  ASSERT_EQ(open("kv", pod5_slice(), 1 << 20), 0);
+  uint64_t id = rep.conn_id.load();
+  r_call h = {};
+  h.method = 2;  // the peer's no-op
+  std::vector<char> d;
+  h.conn_id = id + 1000;  // no such connection
+  h.token = 91;
+  EXPECT_EQ(call(h, d), CXR_ECLOSED);
+  EXPECT_EQ(rep.call_token.load(), 91u) << "the refusal does not carry the call's token";
+  h.conn_id = id;  // ours, with a wrong token
+  h.token = 92;
+  EXPECT_EQ(call(h, d), CXR_ECLOSED);
+  EXPECT_EQ(rep.call_token.load(), 92u);
+  h.token = 0;  // (call() puts our token, 77)
+  EXPECT_EQ(call(h, d), 0);
+  EXPECT_EQ(rep.call_token.load(), 77u);
+}
+
+// A call whose root block lies above the other ranges it ships, the sum of the ranges
+// larger than what is left of the heap past the root: every range is in the heap. The
+// client sent that sum as the argument's length, and the server refused the call
+// (CXR_EBADPTR) until an audit of 2026-11-28.
+TEST_F(Hostile, ARootAboveItsRangesIsNotRefused) {
+  cxrt::Proc c;
+  std::string croot = root + "-client";
+  mkdir(croot.c_str(), 0700);
+  ASSERT_TRUE(c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
+                      {"CXRPC_ROOT=" + croot, "CXRPC_POD=2"}));
+  ASSERT_EQ(c.line(15000), "READY");
+  ASSERT_EQ(c.ask("connect 5000", 15000), "ok");
+  std::string small = c.ask("rootlast 8", 15000);  // root + sum inside the 64 MiB heap
+  EXPECT_EQ(small.substr(0, 2), "ok") << small;
+  std::string big = c.ask("rootlast 40", 15000);  // root at 40 MiB + 40 MiB: past its end
+  EXPECT_EQ(big.substr(0, 2), "ok") << big;
+  EXPECT_EQ(c.stop(), 0);
 }
 
 TEST_F(Hostile, BadCallsGetErrorsAndTheServerKeepsServing) {
@@ -644,6 +689,7 @@ TEST_F(Hostile, ClientsThatNeverReadTheirErrorsTakeNoOtherClientsErrors) {
 struct FakeServer {
   std::atomic<int> mode{0};
   uint64_t rs = 0;  // the "result heap" it claims, in pod 6's slice
+  std::atomic<int> late_released{0};  // calls that gave back the late result (mode 6)
 };
 
 void fake_open(cxr_rdma_msg *m, void *user) {
@@ -669,6 +715,16 @@ void fake_call(cxr_rdma_msg *m, void *user) {
   const r_call *h = (const r_call *)cxr_rdma_msg_hdr(m, &hl);
   if (hl != sizeof *h) return;
   r_call_rep rep = {R_MAGIC, 0, 0, h->call_id, 0, 0, 0};
+  // The releases a call carries follow its range table.
+  size_t dl = 0;
+  const char *in = (const char *)cxr_rdma_msg_data(m, &dl);
+  for (uint32_t i = 0; in && i < h->nrel; i++) {
+    uint64_t rel;
+    size_t off = h->nranges * sizeof(r_range) + i * sizeof rel;
+    if (off + sizeof rel > dl) break;
+    memcpy(&rel, in + off, sizeof rel);
+    if (rel == f->rs + 64) f->late_released++;
+  }
   std::vector<char> d;
   int32_t pid = 4242;
   auto range = [&](uint64_t a, uint64_t len) {
@@ -690,6 +746,10 @@ void fake_call(cxr_rdma_msg *m, void *user) {
       break;
     case 5:  // no answer at all
       return;
+    case 6:  // an answer after the client's 2 ms deadline, naming a result of its own
+      usleep(50000);
+      rep.result = f->rs + 64;
+      break;
     default:  // a good answer: 4 bytes at the start of the result heap
       range(f->rs, 4);
       d.insert(d.end(), (char *)&pid, (char *)&pid + 4);
@@ -702,43 +762,80 @@ void fake_call(cxr_rdma_msg *m, void *user) {
   cxr_rdma_reply(m, R_CALL_REP, &rep, sizeof rep, d.empty() ? nullptr : &iov, d.empty() ? 0 : 1, 0);
 }
 
-TEST(HostileServer, BrokenRepliesEndCallsWithErrors) {
+// A fake server (an engine with the fake handlers above) on a free port, and a real
+// client process connected to it through channel "kv" (root: TEST_TMPDIR/dir).
+struct FakeRig {
   FakeServer f;
-  f.rs = slice_of(6);
   cxr_rdma *r = nullptr;
+  cxrt::Proc c;
+};
+
+void start_fake(FakeRig &g, const char *dir) {
+  FakeServer &f = g.f;
+  cxr_rdma **r = &g.r;
+  cxrt::Proc &c = g.c;
+  f.rs = slice_of(6);
+  *r = nullptr;
   std::string host;
-  for (int tries = 0; tries < 20 && r == nullptr; tries++) {
+  for (int tries = 0; tries < 20 && *r == nullptr; tries++) {
     host = "127.0.0.1:" +
            std::to_string(20000 + (int)((getpid() * 13 + time(nullptr) * 37 + tries * 97) % 30000));
     cxr_rdma_opts o;
     cxr_rdma_opts_init(&o);
     o.listen = host.c_str();
-    if (cxr_rdma_open(&r, &o) != 0) r = nullptr;
+    if (cxr_rdma_open(r, &o) != 0) *r = nullptr;
   }
-  ASSERT_NE(r, nullptr);
-  ASSERT_EQ(cxr_rdma_am_set(r, R_OPEN, fake_open, &f), 0);
-  ASSERT_EQ(cxr_rdma_am_set(r, R_CALL, fake_call, &f), 0);
-  ASSERT_EQ(cxr_rdma_am_set(r, R_CLOSE, fake_close, &f), 0);
+  ASSERT_NE(*r, nullptr);
+  ASSERT_EQ(cxr_rdma_am_set(*r, R_OPEN, fake_open, &f), 0);
+  ASSERT_EQ(cxr_rdma_am_set(*r, R_CALL, fake_call, &f), 0);
+  ASSERT_EQ(cxr_rdma_am_set(*r, R_CLOSE, fake_close, &f), 0);
   const char *t = getenv("TEST_TMPDIR");
-  std::string root = std::string(t ? t : "/tmp") + "/hostile-server";
+  std::string root = std::string(t ? t : "/tmp") + "/" + dir;
   mkdir(root.c_str(), 0700);
-  cxrt::Proc c;
   ASSERT_TRUE(c.start({"tests/netns/remote_peer", "client", "ucx://" + host + "/kv"},
                       {"CXRPC_ROOT=" + root, "CXRPC_POD=2"}));
   ASSERT_EQ(c.line(15000), "READY");
   ASSERT_EQ(c.ask("connect 5000", 15000), "ok");
   EXPECT_EQ(c.ask("whoami", 15000), "ok 4242");
+}
+
+TEST(HostileServer, BrokenRepliesEndCallsWithErrors) {
+  FakeRig g;
+  start_fake(g, "hostile-server");
+  if (HasFatalFailure()) return;
   const char *want[] = {nullptr, "err -14", "err -21", "err -14", "err -21", "err -12"};
   for (int mode = 1; mode <= 5; mode++) {
-    f.mode = mode;
+    g.f.mode = mode;
     // 5 s for the modes that answer (a slow round trip is not the error looked for), 500 ms
     // for the one that never does.
-    EXPECT_EQ(c.ask(mode == 5 ? "noop 500" : "noop 5000", 15000), want[mode]) << "mode " << mode;
+    EXPECT_EQ(g.c.ask(mode == 5 ? "noop 500" : "noop 5000", 15000), want[mode]) << "mode " << mode;
   }
-  f.mode = 0;
-  EXPECT_EQ(c.ask("whoami", 15000), "ok 4242");
-  EXPECT_EQ(c.stop(), 0);
-  cxr_rdma_close(r);
+  g.f.mode = 0;
+  EXPECT_EQ(g.c.ask("whoami", 15000), "ok 4242");
+  EXPECT_EQ(g.c.stop(), 0);
+  cxr_rdma_close(g.r);
+}
+
+// Calls whose replies never come (a reply the server dropped or refused) must not use up the
+// connection's 256 table entries for good: until an audit of 2026-11-28 each kept its entry
+// waiting for its reply, and the 256th call failed at once with CXR_EFULL. A reply that
+// comes after its call was given up only gives its result back (the next call carries it).
+TEST(HostileServer, LostRepliesDoNotUseUpTheConnection) {
+  FakeRig g;
+  start_fake(g, "hostile-server2");
+  if (HasFatalFailure()) return;
+  g.f.mode = 5;  // no answers
+  for (int i = 0; i < 260; i++) ASSERT_EQ(g.c.ask("noop 2", 15000), "err -12") << i;
+  g.f.mode = 0;
+  EXPECT_EQ(g.c.ask("whoami", 15000), "ok 4242");
+  g.f.mode = 6;  // a late answer: its future is freed by then, its result goes back
+  EXPECT_EQ(g.c.ask("noop 2", 15000), "err -12");
+  usleep(200000);  // the late answer arrives
+  g.f.mode = 0;
+  EXPECT_EQ(g.c.ask("whoami", 15000), "ok 4242");
+  EXPECT_EQ(g.f.late_released.load(), 1) << "the late answer's result was not given back";
+  EXPECT_EQ(g.c.stop(), 0);
+  cxr_rdma_close(g.r);
 }
 
 }  // namespace
