@@ -742,6 +742,12 @@ static bool wait_quiet(cxr_conn *c) {
 
 void cxr__remote_close(cxr_conn *c) {
   struct cxr__rconn *rc = c->remote;
+  /* Calls made from here on fail at once, as in the pod (conn.c): a callback fail_all
+   * fires may call again, and that call's future would go with the table, never to end
+   * (until an audit of 2026-11-28). */
+  int zero = 0;
+  __atomic_compare_exchange_n(&c->dead, &zero, CXR_ECLOSED, false, __ATOMIC_ACQ_REL,
+                              __ATOMIC_ACQUIRE);
   fail_all(c, CXR_ECLOSED);
   /* Callbacks handed to the progress thread must have returned before the table goes (they
    * read their future, and may free it). Until 2026-11-23 this waited for their futures to

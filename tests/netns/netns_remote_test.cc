@@ -341,6 +341,19 @@ TEST_F(NetnsRemote, ClosingWithACallbackThatFreesItsFutureDoesNotWaitForNothing)
   EXPECT_EQ(s.stop(), 0);
 }
 
+TEST_F(NetnsRemote, ACallbackRunByTheCloseCannotStartACallOnTheClosingConnection) {
+  // The close fails the pending call (CXR_ECLOSED) and runs its callback, which calls again
+  // on the same connection: that call must be refused. Until an audit of 2026-11-28 the
+  // remote close did not mark the connection dead first (the pod's close does), so the call
+  // was taken, and its future went with the table, never to end.
+  cxrt::Proc s, a;
+  ASSERT_TRUE(server_and_racks(s, a));
+  ASSERT_EQ(ask(a, "connect 5000"), "ok");
+  EXPECT_EQ(ask(a, "cbclose 3000 1", 30000), "ok " + std::to_string(CXR_ECLOSED));
+  EXPECT_EQ(a.stop(), 0);
+  EXPECT_EQ(s.stop(), 0);
+}
+
 TEST_F(NetnsRemote, ASlowHandlerHoldsUpNeitherOtherCallsNorConnects) {
   // The server has two workers: a handler that sleeps leaves the other worker and the
   // listener free.

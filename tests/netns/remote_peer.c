@@ -276,6 +276,22 @@ static void free_own_future(int err, void *result, void *user) {
   cxr_future_free(user);
 }
 
+/* cbclose's second form: the callback calls again on the connection being closed, which
+ * must refuse it (CXR_ECLOSED): a call it took then would never end. */
+static cxr_conn *closing;
+static int again_rc = 1;
+static void call_again(int err, void *result, void *user) {
+  free_own_future(err, result, user);
+  int64_t ms = 0;
+  cxr_call_opts co;
+  cxr_call_opts_init(&co);
+  co.flags = CXR_CALL_INLINE;
+  co.arg_len = sizeof ms;
+  cxr_future *g = NULL; /* (not touched: the connection is going) */
+  __atomic_store_n(&again_rc, cxr_conn_call_async(closing, M_SLEEP, &ms, &g, &co),
+                   __ATOMIC_SEQ_CST);
+}
+
 static int do_connect(long ms) {
   if (conn) cxr_conn_close(conn), conn = NULL;
   cxr_conn_opts o;
@@ -415,6 +431,7 @@ static int client(const char *t) {
   fflush(stdout);
   char line[256], what[64];
   long a, b;
+  int nf; /* fields sscanf filled */
   while (fgets(line, sizeof line, stdin)) {
     if (sscanf(line, "connect %ld", &a) == 1) {
       int64_t t0 = cxr_now_ns();
@@ -688,21 +705,24 @@ static int client(const char *t) {
       else printf("ok\n");
       cxr_conn_free(conn, res);
       if (b) cxr_heap_free(cxr_conn_heap(conn), b);
-    } else if (sscanf(line, "cbclose %ld", &a) == 1) {
+    } else if ((nf = sscanf(line, "cbclose %ld %ld", &a, &b)) >= 1) {
       int64_t ms = a;
+      bool again = nf == 2 && b == 1;
+      closing = conn;
       cxr_call_opts co;
       cxr_call_opts_init(&co);
       co.flags = CXR_CALL_INLINE;
       co.arg_len = sizeof ms;
       cxr_future *f = NULL;
       int rc = cxr_conn_call_async(conn, M_SLEEP, &ms, &f, &co);
-      if (rc == 0) rc = cxr_future_then(f, free_own_future, f);
+      if (rc == 0) rc = cxr_future_then(f, again ? call_again : free_own_future, f);
       usleep(100000);
       int64_t t0 = cxr_now_ns();
       cxr_conn_close(conn);
       conn = NULL;
       long took = (long)((cxr_now_ns() - t0) / 1000000);
       if (rc) printf("err %d\n", rc);
+      else if (again) printf("ok %d\n", __atomic_load_n(&again_rc, __ATOMIC_SEQ_CST));
       else printf("ok %ld %d\n", took, __atomic_load_n(&callbacks_run, __ATOMIC_SEQ_CST));
     } else if (!strncmp(line, "whoami", 6)) {
       int32_t *pid = NULL;
