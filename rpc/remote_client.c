@@ -217,55 +217,51 @@ static void on_call_rep(cxr_rdma_msg *m, void *user) {
   cxr_conn *c = rc->c;
   uint32_t idx = (uint32_t)h->call_id, gen = (uint32_t)(h->call_id >> 32);
   if (idx >= c->ntab || gen == 0) goto out;
-  if (__atomic_load_n(&c->tab[idx].gen, __ATOMIC_RELAXED) != gen) {
-    queue_release(c, h->result); /* late: its entry carries a newer call */
-    goto out;
-  }
   cxr_future *f = &c->tab[idx];
   int status = h->status;
   if (status > 0 || status < CXR_ERRNO_MIN) status = CXR_EPROTO;
-  for (;;) {
-    uint32_t s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
-    if (s == CXR__F_PENDING) {
-      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
-                                       __ATOMIC_ACQUIRE))
-        continue;
-      if (__atomic_load_n(&f->gen, __ATOMIC_ACQUIRE) != gen) { /* reused since the look */
-        __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
-        queue_release(c, h->result);
-        break;
-      }
-      void *result = (void *)(uintptr_t)h->result;
-      int lr = land_result(rc, h, d, dl);
-      if (lr) {
-        CXR_WARN("remote %s: bad reply: %s", rc->chan, cxr_strerror(lr));
-        queue_release(c, h->result);
-        status = lr;
-        result = NULL;
-      }
-      f->err = status;
-      f->result = status == 0 ? result : NULL;
-      if (status != 0 && result != NULL && lr == 0) queue_release(c, h->result);
-      __atomic_store_n(&f->state, CXR__F_DONE, __ATOMIC_SEQ_CST);
-      fire(f, gen);
-      break;
+  /* The generation is compared and the state taken under c->lock, which a new call holds
+   * while it readies an entry (cxr__future_reset to PENDING): a late reply never takes an
+   * entry that carries another call, not even for a moment (a review found one holding a
+   * live call's entry BUSY, which fail_all, cancel and poll then misread). Futures leave
+   * their states without the lock, so BUSY (an expire under way) is waited out. */
+  uint32_t s = CXR__F_FREE;
+  pthread_mutex_lock(&c->lock);
+  bool ours = __atomic_load_n(&f->gen, __ATOMIC_RELAXED) == gen;
+  while (ours) {
+    s = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+    uint32_t to = s == CXR__F_PENDING ? CXR__F_BUSY : s == CXR__F_ORPHAN ? CXR__F_DONE : s;
+    if (s == CXR__F_BUSY) {
+      cxr__cpu_relax();
+      continue;
     }
-    if (s == CXR__F_ORPHAN) { /* late: its caller gave up but holds the future */
-      if (!__atomic_compare_exchange_n(&f->state, &s, CXR__F_BUSY, false, __ATOMIC_ACQ_REL,
-                                       __ATOMIC_ACQUIRE))
-        continue;
-      /* The entry may have been freed and given to a call that is now an orphan too. */
-      bool ours = __atomic_load_n(&f->gen, __ATOMIC_ACQUIRE) == gen;
-      __atomic_store_n(&f->state, ours ? CXR__F_DONE : CXR__F_ORPHAN, __ATOMIC_RELEASE);
-      queue_release(c, h->result); /* nobody will read it */
+    if (to == s || __atomic_compare_exchange_n(&f->state, &s, to, false, __ATOMIC_SEQ_CST,
+                                               __ATOMIC_ACQUIRE))
       break;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (ours && s == CXR__F_PENDING) { /* the answer, ours to deliver (BUSY) */
+    void *result = (void *)(uintptr_t)h->result;
+    int lr = land_result(rc, h, d, dl);
+    if (lr) {
+      CXR_WARN("remote %s: bad reply: %s", rc->chan, cxr_strerror(lr));
+      queue_release(c, h->result);
+      status = lr;
+      result = NULL;
     }
-    if (s == CXR__F_BUSY) continue;
-    /* FREE: late, its future freed (the entry goes back at once: cxr__remote_future_free),
-     * or since given to another call and freed again; the result goes back to the server.
-     * DONE: a second reply to one call (a broken server): the first one's result stays. */
-    if (s == CXR__F_FREE) queue_release(c, h->result);
-    break;
+    f->err = status;
+    f->result = status == 0 ? result : NULL;
+    if (status != 0 && result != NULL && lr == 0) queue_release(c, h->result);
+    __atomic_store_n(&f->state, CXR__F_DONE, __ATOMIC_SEQ_CST);
+    fire(f, gen);
+  } else if (!ours || s != CXR__F_DONE) {
+    /* Late: its caller gave up (ORPHAN, now DONE with the caller's error: nobody reads the
+     * result), or freed the future (FREE: the entry goes back at once,
+     * cxr__remote_future_free), or the entry carries a newer call. The result goes back to
+     * the server. DONE: a second reply to one call (a broken server): the first one's
+     * result stays. */
+    queue_release(c, h->result);
+    if (ours && s == CXR__F_ORPHAN) fire(f, gen);
   }
 out:
   pthread_mutex_unlock(&rt_lock);
@@ -280,9 +276,18 @@ static void sweep(void *user) {
     for (uint32_t i = 0; i < c->ntab; i++) {
       cxr_future *f = &c->tab[i];
       /* (the deadline atomically: the entry's owner may be writing the next call's) */
-      if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_PENDING &&
-          now >= __atomic_load_n(&f->deadline, __ATOMIC_RELAXED))
-        expire(f, CXR_ETIMEDOUT, NULL);
+      if (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) != CXR__F_PENDING ||
+          now < __atomic_load_n(&f->deadline, __ATOMIC_RELAXED))
+        continue;
+      /* Looked at again under c->lock, which a new call holds while it readies the entry:
+       * the call that was due may have ended and its entry carry a new one (which this
+       * timed out, until a review of 2026-11-28). Its callback fires outside the lock. */
+      uint64_t id;
+      pthread_mutex_lock(&c->lock);
+      bool ended = now >= __atomic_load_n(&f->deadline, __ATOMIC_RELAXED) &&
+                   cxr__future_orphan(f, CXR_ETIMEDOUT, &id);
+      pthread_mutex_unlock(&c->lock);
+      if (ended) fire(f, (uint32_t)(id >> 32));
     }
   }
   pthread_mutex_unlock(&rt_lock);
@@ -565,6 +570,7 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
   int dead = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
   if (dead) return dead;
 
+  int64_t now = cxr_now_ns(), rel = o->deadline_ns ? o->deadline_ns : c->default_deadline;
   pthread_mutex_lock(&c->lock);
   cxr_future *f = c->nfree ? &c->tab[c->free_idx[--c->nfree]] : NULL;
   uint32_t nrel = rc->nrel;
@@ -574,17 +580,17 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
   if (own) {
     memcpy(own + nr * sizeof(r_range), rc->rel, nrel * sizeof(uint64_t));
     rc->nrel = 0;
+    /* Readied under the lock: a late reply or the sweep looks at an entry's generation
+     * and state under it too (on_call_rep, sweep). */
+    cxr__future_reset(f);
+    __atomic_store_n(&f->deadline, cxr__after(now, rel), __ATOMIC_RELAXED); /* (sweep) */
+    __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
   } else if (f) {
     c->free_idx[c->nfree++] = f->index;
     f = NULL;
   }
   pthread_mutex_unlock(&c->lock);
   if (f == NULL) return own == NULL && c->nfree ? CXR_ENOMEM : CXR_EFULL;
-
-  cxr__future_reset(f);
-  int64_t now = cxr_now_ns(), rel = o->deadline_ns ? o->deadline_ns : c->default_deadline;
-  __atomic_store_n(&f->deadline, cxr__after(now, rel), __ATOMIC_RELAXED); /* (see sweep) */
-  __atomic_store_n(&f->state, CXR__F_PENDING, __ATOMIC_RELEASE);
 
   r_range *tab = (r_range *)own;
   struct iovec *iov = (struct iovec *)(own + meta);
@@ -609,18 +615,12 @@ int cxr__remote_call_async(cxr_conn *c, uint32_t method, const void *args, cxr_f
     uint64_t id = cxr__future_call_id(f); /* (f is still this thread's alone) */
     expire(f, err, NULL);
     int d = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE);
-    if (err == CXR_ETIMEDOUT) {
-      tell_server(c, id);
-      cxr_future_free(f); /* its late reply, if the call arrives after all, gives it back */
-    } else {
-      /* Refused or failed outright (the receiver's message or queue bound: CXR_EFULL, a
-       * dead endpoint): no reply will ever come to give the entry back, so it goes back
-       * now. Until 2026-11-28 it waited for one, and 256 refused calls left a live
-       * connection answering every call with CXR_EFULL (a review). A thread that failed
-       * the call meanwhile (fail_all) is waited out of its BUSY step first. */
-      while (__atomic_load_n(&f->state, __ATOMIC_ACQUIRE) == CXR__F_BUSY) cxr__cpu_relax();
-      entry_release(f);
-    }
+    if (err == CXR_ETIMEDOUT) tell_server(c, id);
+    /* The entry goes back now, as any freed orphan's does (a late reply, if the call went
+     * out after all, gives its result back). Until 2026-11-28 a refused call's entry (the
+     * receiver's message or queue bound: CXR_EFULL) waited for a reply that never came,
+     * and 256 of them left a live connection answering every call with CXR_EFULL. */
+    cxr_future_free(f);
     CXR__ADD(&c->slot->cli.errors, 1);
     return d ? d : err;
   }

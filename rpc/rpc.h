@@ -91,8 +91,8 @@ typedef struct cxr_call_opts {
   unsigned flags;             /* CXR_CALL_* */
   size_t arg_len;             /* bytes at args: sealed (page-rounded), copied inline, or
                                  what the handler's cxr_call_arg_len reports; 0 on a sealed
-                                 or remote call = the usable size of the heap block at args
-                                 (a plain pod call then reports 0) */
+                                 call, or a remote call naming no ranges = the usable size
+                                 of the heap block at args (otherwise it reports 0) */
   const cxr_range *ranges;    /* remote calls: the byte ranges of the argument graph to
                                  ship into the replica; NULL = [args, args + arg_len) */
   size_t nranges;
