@@ -788,16 +788,10 @@ int cxr__ep_use(cxr_rdma_ep *ep, ucp_ep_h *uep) {
 
 void cxr__ep_unuse(cxr_rdma_ep *ep) { pthread_rwlock_unlock(&ep->ulock); }
 
-static void reqs_drop(cxr_rdma_ep *ep);
-
-/* Takes the handle out of the endpoint once no post is under way (NULL if already out). The
- * close of the handle holds the endpoint (ep->reqs) until it is done (close_uep) or the
- * handle is put back (ep_park): a missed deadline's close still under way when the user's
- * close gave up waiting for it (wait_closed) goes on in the endpoint's memory. */
+/* Takes the handle out of the endpoint once no post is under way (NULL if already out). */
 static ucp_ep_h take_uep(cxr_rdma_ep *ep) {
   pthread_rwlock_wrlock(&ep->ulock);
   ucp_ep_h u = ep->uep;
-  if (u) atomic_fetch_add(&ep->reqs, 1);
   /* uclose first: ep_on, under r->lock alone, that reads the handle out finds uclose 1 */
   if (u) atomic_store(&ep->uclose, 1);
   __atomic_store_n(&ep->uep, NULL, __ATOMIC_RELEASE);
@@ -829,7 +823,6 @@ static int close_uep(cxr_rdma_ep *ep, ucp_ep_h u, bool force, int64_t deadline) 
     ucp_request_free(sp);
   }
   atomic_store(&ep->uclose, 2);
-  reqs_drop(ep);  /* last: a missed deadline's close may free the endpoint here */
   return rc;
 }
 
@@ -864,6 +857,10 @@ static void wait_closed(cxr_rdma_ep *ep, int64_t deadline) {
 
 void (*cxr__ep_end_window)(cxr_rdma_ep *ep, ucp_ep_h u);
 
+/* The caller holds the endpoint (cxr__ep_enter): a user's close that gives up waiting for
+ * this one (wait_closed, 1.1 s) returns with it under way, and a second thread's end waits
+ * for it here in the endpoint's memory, which the close of the first once freed under it
+ * (close_silent_test AMissedDeadlineWaitingForAnothersCloseOutlivesTheUsersClose). */
 void cxr__ep_end(cxr_rdma_ep *ep) {
   cxr__ep_force_close(ep);
   int64_t deadline = cxr_now_ns() + 1000000000;
@@ -903,7 +900,8 @@ static bool keep_for_messages(cxr_rdma_ep *ep) {
 }
 
 /* Set in ep->reqs by the end of an endpoint's close: the requests still counted there then
- * (and a missed deadline's close of its handle) keep it, and the last of them frees it. */
+ * (and the calls holding it, a missed deadline's end under way) keep it, and the last of
+ * them frees it. */
 enum { EP_REQS_ORPHAN = 1 << 30 };
 
 /* A closed endpoint nothing of UCX's holds any more is freed, or left to the last message
@@ -920,6 +918,8 @@ void cxr__req_end(cxr_rdma_ep *ep, atomic_int *open) {
   atomic_fetch_sub(open, 1);
   if (ep) reqs_drop(ep);  /* last: the endpoint may be gone after it */
 }
+
+void cxr__ep_leave(cxr_rdma_ep *ep) { reqs_drop(ep); }
 
 /* Closes a handle taken out of its endpoint (NULL: none, or another thread's close under
  * way), then frees the endpoint, its remote keys first. A flush to a silent peer could take
@@ -942,9 +942,9 @@ static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
   }
   closing_end(ep);
   /* The close cancels what was left; their callbacks are awaited (bounded). One still to
-   * come counts down in the endpoint's memory, as does a missed deadline's close of its
-   * handle still under way (wait_closed gave up on it): the last of them frees the endpoint
-   * (cxr__req_end, close_uep). It was kept for good: a leak (close_silent_test
+   * come counts down in the endpoint's memory, and a missed deadline's call still under way
+   * (wait_closed gave up on its close) holds it: the last of them frees the endpoint
+   * (cxr__req_end, cxr__ep_leave). It was kept for good: a leak (close_silent_test
    * AnEndpointWhoseRequestsOutliveItsCloseIsFreedByTheLast). */
   if (!all_done(ep, cxr_now_ns() + 100000000))
     CXR_WARN("rdma: requests to %s outlived the endpoint's close; the last to end frees it",
@@ -977,7 +977,6 @@ static void ep_park(cxr_rdma_ep *ep, ucp_ep_h u) {
   ep->uep = u;
   pthread_rwlock_unlock(&ep->ulock);
   atomic_store(&ep->uclose, 0);
-  atomic_fetch_sub(&ep->reqs, 1);  /* take_uep's: no close of the handle under way */
   parked_push(ep->r, ep);
   CXR_INFO("rdma: endpoint to %s closed with one-sided ops pending at a silent target: "
            "parked until they finish or the engine closes", ep->host);

@@ -93,8 +93,8 @@ struct cxr_rdma_ep {
                             data, the caller's, until then */
   atomic_int open_recvs; /* rendezvous receives of messages that came on its handle (ep.c,
                             cxr__recv_count) that UCX has not ended: its close ends them */
-  atomic_int reqs;      /* the three above together (cxr__req_begin/end), and a close of its
-                           handle under way (take_uep to close_uep), plus EP_REQS_ORPHAN once
+  atomic_int reqs;      /* the three above together (cxr__req_begin/end), and the calls that
+                           may end it holding it (cxr__ep_enter/leave), plus EP_REQS_ORPHAN once
                            its close returned before they ended: the last to end frees it */
   char host[HOSTKEY_MAX];
   _Atomic int status;
@@ -331,8 +331,15 @@ int cxr__ep_use(cxr_rdma_ep *ep, ucp_ep_h *uep);
 void cxr__ep_unuse(cxr_rdma_ep *ep);
 /* Ends the endpoint after a missed deadline: its status becomes CXR_ENOTCONN and its UCX
  * handle is force-closed, which cancels every request on it; returns once the close is done
- * (by this thread or another one ending it at the same time), up to about a second. */
+ * (by this thread or another one ending it at the same time), up to about a second. The
+ * caller holds the endpoint (cxr__ep_enter). */
 void cxr__ep_end(cxr_rdma_ep *ep);
+/* A call that may end the endpoint (mem.c rma) holds it from before it posts until after
+ * cxr__ep_end: a user's close may give up waiting for that end and return meanwhile, and then
+ * neither the call's own cancelled request (its last) nor another thread's end may free the
+ * endpoint under it; the last hold or request to go frees it (cxr__ep_leave: no UCX call). */
+static inline void cxr__ep_enter(cxr_rdma_ep *ep) { atomic_fetch_add(&ep->reqs, 1); }
+void cxr__ep_leave(cxr_rdma_ep *ep);
 /* Tests only (NULL otherwise): run by cxr__ep_end once it has taken the handle `u` out of the
  * endpoint and before it closes it, the window in which a message may still arrive on it
  * (close_silent_test forces one there). */

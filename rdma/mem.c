@@ -427,10 +427,13 @@ static int rma_one(cxr_rdma_ep *ep, int kind, cxr_rdma_rkey *rk, uint64_t raddr,
 
 static int rma(cxr_rdma_ep *ep, cxr_rdma_rkey *rk, uint64_t raddr, void *buf, size_t len,
                bool is_put, int64_t deadline) {
+  cxr__ep_enter(ep);  /* until after finish: its own op may be the endpoint's last request */
   int rc = rma_one(ep, is_put ? RMA_PUT : RMA_GET, rk, raddr, buf, len, deadline);
   /* A put is complete locally; flush so it is visible at the target on return. */
   if (rc == 0 && is_put) rc = rma_one(ep, RMA_FLUSH, rk, raddr, buf, len, deadline);
-  return finish(ep, rc);
+  rc = finish(ep, rc);
+  cxr__ep_leave(ep);
+  return rc;
 }
 
 /* One chunk of a get or put: an op and the bytes it moves, one allocation. */

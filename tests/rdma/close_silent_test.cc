@@ -37,6 +37,7 @@ extern "C" void *cxrt_rdma_post_on(void *u, unsigned id, const void *hdr, size_t
                                    const void *data, size_t len);
 extern "C" bool cxrt_rdma_req_done(void *req);
 extern "C" unsigned cxrt_rdma_progress(cxr_rdma *r);
+extern "C" unsigned cxrt_rdma_ep_ends_in(void);
 
 // LeakSanitizer: the engine stays reachable, but UCX keeps its endpoints in mmap'd pools it
 // does not scan, so what they point to (the endpoints' extensions, the client's socket
@@ -474,6 +475,46 @@ TEST(RdmaClose, AnEndpointWhoseRequestsOutliveItsCloseIsFreedByTheLast) {
 #if defined(__SANITIZE_ADDRESS__)
   EXPECT_EQ(__lsan_do_recoverable_leak_check(), 0) << "the endpoint was never freed";
 #endif
+}
+
+// ---- Two missed deadlines on one endpoint and the user's close ----
+// One thread's missed deadline holds its close of the handle in its window; the user closes
+// the endpoint meanwhile, and 500 ms later a second thread's missed deadline finds no handle
+// and waits for that close (wait_closed). The user's close gives up (1.1 s) and returns, the
+// first close is let go, and the endpoint must outlive the second thread's wait: the first
+// close freed it (its hold was the last) while the second still polled it, and ASan reported
+// a heap-use-after-free in wait_closed every run. The 500 ms only make the second wait
+// outlast the user's close (the path under test); the first close is let go only once both
+// ends hold the endpoint, whatever the timing.
+__attribute__((noinline)) void two_ends_and_a_close() {
+  cxrt::Peer peer;
+  cxr_rdma *r = nullptr;
+  cxr_rdma_ep *ep = nullptr;
+  ASSERT_NO_FATAL_FAILURE(cxrt::open_and_connect(peer, &r, &ep));
+  unsigned in0 = cxrt_rdma_ep_ends_in();
+  Gate g;
+  std::thread t1([ep, &g] { cxrt_rdma_ep_end(ep, hold_window, &g); });
+  for (int i = 0; i < 10000 && !g.in.load(); i++) usleep(1000);
+  EXPECT_TRUE(g.in.load()) << "the first missed deadline's close did not reach its window";
+  std::atomic<bool> closed{false};
+  std::thread t2([ep, &closed] {
+    cxr_rdma_ep_close(ep);
+    closed.store(true);
+  });
+  usleep(500 * 1000);
+  std::thread t3([ep] { cxrt_rdma_ep_end(ep, nullptr, nullptr); });
+  for (int i = 0; i < 10000 && !(closed.load() && cxrt_rdma_ep_ends_in() == in0 + 2); i++)
+    usleep(1000);
+  EXPECT_TRUE(closed.load()) << "the user's close did not return";
+  g.go.store(true);
+  t1.join();
+  t2.join();
+  t3.join();
+  cxr_rdma_close(r);
+}
+
+TEST(RdmaClose, AMissedDeadlineWaitingForAnothersCloseOutlivesTheUsersClose) {
+  ASSERT_NO_FATAL_FAILURE(two_ends_and_a_close());
 }
 
 }  // namespace

@@ -46,22 +46,32 @@ uint64_t cxrt_rdma_refused_closing(cxr_rdma *r) {
 /* The endpoint of ours a message holds (NULL: none). */
 cxr_rdma_ep *cxrt_rdma_msg_ref(cxr_rdma_msg *m) { return m->ref; }
 
-/* Ends the endpoint as a missed deadline does (rdma/ep.c, cxr__ep_end), running fn(arg, u)
- * in its window: its UCX handle `u` taken out of the endpoint and not yet closed. */
+/* Ends the endpoint as a missed deadline does (rdma/ep.c, cxr__ep_end; held as rdma/mem.c rma
+ * holds it), running fn(arg, u) in its window: its UCX handle `u` taken out of the endpoint
+ * and not yet closed. With fn NULL the hook is left alone: another thread's end may be in its
+ * window (one hook at a time). Each call counts in cxrt_rdma_ep_ends_in once it holds it. */
 static void (*window_fn)(void *, void *);
 static void *window_arg;
+static atomic_uint ends_in;
 static void window(cxr_rdma_ep *ep, ucp_ep_h u) {
   (void)ep;
   window_fn(window_arg, u);
 }
 
 void cxrt_rdma_ep_end(cxr_rdma_ep *ep, void (*fn)(void *arg, void *u), void *arg) {
-  window_fn = fn;
-  window_arg = arg;
-  cxr__ep_end_window = fn ? window : NULL;
+  if (fn) {
+    window_fn = fn;
+    window_arg = arg;
+    cxr__ep_end_window = window;
+  }
+  cxr__ep_enter(ep);
+  atomic_fetch_add(&ends_in, 1);
   cxr__ep_end(ep);
-  cxr__ep_end_window = NULL;
+  if (fn) cxr__ep_end_window = NULL;
+  cxr__ep_leave(ep);
 }
+
+unsigned cxrt_rdma_ep_ends_in(void) { return atomic_load(&ends_in); }
 
 /* Posts message `id` (header, data) on a bare UCX handle, asking for replies on it: the
  * request to poll with cxrt_rdma_req_done (NULL: done in place; an error: 1). */
