@@ -674,22 +674,36 @@ void cxr__ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
   err_job_defer(ep);
 }
 
+/* Whether a message on UCX handle `uep` finds endpoint e by the copy of its handle: while a
+ * missed deadline's close of it is under way (uclose 1; take_uep sets uclose before it
+ * clears uep, with release/acquire, so a lookup that reads NULL sees uclose 1). Once closed
+ * (uclose 2) not: UCX may give the address to a new endpoint. */
+static bool closing_on(const cxr_rdma_ep *e, ucp_ep_h uep) {
+  return e->handle == uep && atomic_load(&e->uclose) == 1;
+}
+
 /* The endpoint of ours, accepted or opened by us, on UCX handle `uep` (NULL if none), its
  * close begun or not. Hold r->lock. A linked endpoint's handle may be taken out meanwhile
  * (take_uep, a missed deadline on another thread): read atomically. Until its close is done
- * (uclose 1) a message may still come on it, found by the copy kept in `handle`: it was
- * found by ep->uep alone, so such a message held no endpoint, its rendezvous receive counted
- * on the engine and a reply went bare on the closing handle (close_silent_test
- * AMessageInAMissedDeadlinesCloseWindowHoldsItsEndpoint). Live handles are looked at first:
- * once a handle is closed, UCX may give its address to a new endpoint. */
+ * a message may still come on it, found by closing_on: it was found by ep->uep alone, so
+ * such a message held no endpoint, its rendezvous receive counted on the engine and a reply
+ * went bare on the closing handle (close_silent_test
+ * AMessageInAMissedDeadlinesCloseWindowHoldsItsEndpoint). So too once the user's close has
+ * begun meanwhile (on r->closing_eps): closing_begin recorded the handle from ep->uep,
+ * already NULL (close_silent_test AMessageInTheWindowWhileTheUsersCloseWaitsHoldsItsEndpoint).
+ * Live handles win; the closing one is the fallback, so a miss (every message on a bare
+ * handle) walks each list once. */
 static cxr_rdma_ep *ep_on(cxr_rdma *r, ucp_ep_h uep) {
-  for (cxr_rdma_ep *e = r->eps; e; e = e->next)
+  cxr_rdma_ep *closing = NULL;
+  for (cxr_rdma_ep *e = r->eps; e; e = e->next) {
     if (__atomic_load_n(&e->uep, __ATOMIC_ACQUIRE) == uep) return e;
-  for (cxr_rdma_ep *e = r->eps; e; e = e->next)
-    if (e->handle == uep && atomic_load(&e->uclose) == 1) return e;
-  for (cxr_rdma_ep *e = r->closing_eps; e; e = e->closing_next)
+    if (closing == NULL && closing_on(e, uep)) closing = e;
+  }
+  for (cxr_rdma_ep *e = r->closing_eps; e; e = e->closing_next) {
     if (e->closing_uep == uep) return e;
-  return NULL;
+    if (closing == NULL && closing_on(e, uep)) closing = e;
+  }
+  return closing;
 }
 
 /* Any endpoint of ours, not only an accepted one: a message that came on one we opened once

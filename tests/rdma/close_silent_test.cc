@@ -38,6 +38,7 @@ extern "C" void *cxrt_rdma_post_on(void *u, unsigned id, const void *hdr, size_t
 extern "C" bool cxrt_rdma_req_done(void *req);
 extern "C" unsigned cxrt_rdma_progress(cxr_rdma *r);
 extern "C" unsigned cxrt_rdma_ep_ends_in(void);
+extern "C" bool cxrt_rdma_ep_closing(cxr_rdma_ep *ep);
 
 // LeakSanitizer: the engine stays reachable, but UCX keeps its endpoints in mmap'd pools it
 // does not scan, so what they point to (the endpoints' extensions, the client's socket
@@ -515,6 +516,66 @@ __attribute__((noinline)) void two_ends_and_a_close() {
 
 TEST(RdmaClose, AMissedDeadlineWaitingForAnothersCloseOutlivesTheUsersClose) {
   ASSERT_NO_FATAL_FAILURE(two_ends_and_a_close());
+}
+
+// ---- A message in that window while the user's close waits for it ----
+// A missed deadline's close held in its window, and the user's close begun meanwhile (the
+// endpoint on r->closing_eps, its close waiting for the missed deadline's): a small message
+// posted on the taken-out handle to the rdma_peer server, its echo must hold the endpoint.
+// closing_begin recorded the handle it closes (closing_uep) from the endpoint, already NULL
+// then, and ep_on looked for the handle on r->eps only by the copy kept for such a close: the
+// echo held no endpoint (a reply would have gone bare on the closing handle, a rendezvous
+// receive on the engine), every run. The echo must come before the user's close gives up
+// waiting (1.1 s): a loopback echo takes milliseconds.
+struct Overlap {
+  cxr_rdma *r = nullptr;
+  cxr_rdma_ep *ep = nullptr;
+  std::atomic<bool> in{false}, closed{false}, late{false};
+  std::atomic<int> got{0};
+  std::atomic<cxr_rdma_ep *> ref{nullptr};
+};
+
+void on_overlap_echo(cxr_rdma_msg *m, void *user) {
+  Overlap *o = (Overlap *)user;
+  o->ref.store(cxrt_rdma_msg_ref(m));
+  o->got.fetch_add(1);
+}
+
+void in_overlap_window(void *arg, void *u) {
+  Overlap *o = (Overlap *)arg;
+  o->in.store(true);
+  int64_t end = cxr_now_ns() + 10 * kSec;
+  while (!cxrt_rdma_ep_closing(o->ep) && cxr_now_ns() < end) usleep(1000);
+  void *rs = cxrt_rdma_post_on(u, 20, "s", 1, nullptr, 0);
+  while (cxr_now_ns() < end && (o->got.load() == 0 || rs != nullptr)) {
+    cxrt_rdma_progress(o->r);
+    if (rs && cxrt_rdma_req_done(rs)) rs = nullptr;  // given back to UCX: not polled again
+  }
+  o->late.store(o->closed.load());
+}
+
+TEST(RdmaClose, AMessageInTheWindowWhileTheUsersCloseWaitsHoldsItsEndpoint) {
+  cxrt::Peer peer;
+  ASSERT_TRUE(peer.start());
+  Overlap o;
+  ASSERT_EQ(cxr_rdma_open(&o.r, nullptr), 0);
+  ASSERT_EQ(cxr_rdma_connect(o.r, peer.addr().c_str(), cxr_now_ns() + 10 * kSec, &o.ep), 0);
+  ASSERT_EQ(cxr_rdma_am_set(o.r, 21, on_overlap_echo, &o), 0);
+  cxr_rdma_ep *ep = o.ep;
+  std::thread t1([ep, &o] { cxrt_rdma_ep_end(ep, in_overlap_window, &o); });
+  for (int i = 0; i < 10000 && !o.in.load(); i++) usleep(1000);
+  EXPECT_TRUE(o.in.load()) << "the missed deadline's close did not reach its window";
+  std::thread t2([ep, &o] {
+    cxr_rdma_ep_close(ep);
+    o.closed.store(true);
+  });
+  t2.join();
+  t1.join();
+  ASSERT_EQ(o.got.load(), 1) << "the echo did not come within 10 s";
+  ASSERT_FALSE(o.late.load()) << "the echo came only after the user's close gave up";
+  EXPECT_EQ(o.ref.load(), ep) << "the echo held no endpoint";
+  cxr_rdma_close(o.r);
+  EXPECT_FALSE(cxrt::died_within(peer, 100)) << "the peer died";
 }
 
 }  // namespace

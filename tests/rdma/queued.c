@@ -73,6 +73,9 @@ void cxrt_rdma_ep_end(cxr_rdma_ep *ep, void (*fn)(void *arg, void *u), void *arg
 
 unsigned cxrt_rdma_ep_ends_in(void) { return atomic_load(&ends_in); }
 
+/* Whether the endpoint's close has begun (rdma/ep.c, closing_begin: on r->closing_eps). */
+bool cxrt_rdma_ep_closing(cxr_rdma_ep *ep) { return cxr__ep_closed(ep); }
+
 /* Posts message `id` (header, data) on a bare UCX handle, asking for replies on it: the
  * request to poll with cxrt_rdma_req_done (NULL: done in place; an error: 1). */
 void *cxrt_rdma_post_on(void *u, unsigned id, const void *hdr, size_t hlen, const void *data,
