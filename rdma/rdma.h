@@ -96,7 +96,11 @@ int cxr_rdma_ep_on_error(cxr_rdma_ep *ep, void (*cb)(cxr_rdma_ep *ep, int err, v
  * engine, its UCX handle open, until they do (the next endpoint close then closes it) or
  * cxr_rdma_close; for the caller it is gone either way. Messages still pending after the
  * wait are cancelled instead (the endpoint is force-closed, not parked): once the close
- * returns, UCX no longer reads the data of any send or post made on the endpoint. */
+ * returns, UCX no longer reads the data of any send or post made on the endpoint. One
+ * exception, with another thread still using the endpoint: on an engine that pins, its large
+ * get or put that missed its deadline force-closes the endpoint itself, and when that close
+ * has not ended within 1.1 s this close returns with it (and the sends and posts it has yet
+ * to cancel) under way: UCX may read their data until it ends (cxr_rdma_ep_close(3)). */
 void cxr_rdma_ep_close(cxr_rdma_ep *ep);
 /* Forgets what the directory knows about a host and closes its pooled endpoints (its next
  * connect is cold). */
