@@ -877,15 +877,15 @@ void (*cxr__ep_end_window)(cxr_rdma_ep *ep, ucp_ep_h u);
  * (close_silent_test AMissedDeadlineWaitingForAnothersCloseOutlivesTheUsersClose). */
 void cxr__ep_end(cxr_rdma_ep *ep) {
   cxr__ep_force_close(ep);
-  int64_t deadline = cxr_now_ns() + 1000000000;
   ucp_ep_h u = take_uep(ep);
   if (u) {
     void (*window)(cxr_rdma_ep *, ucp_ep_h) = cxr__ep_end_window;
     if (window) window(ep, u);
-    close_uep(ep, u, true, deadline);
+    /* (the second counted from here: a test's window must not spend the close's time) */
+    close_uep(ep, u, true, cxr_now_ns() + 1000000000);
     return;
   }
-  wait_closed(ep, deadline + 100000000);
+  wait_closed(ep, cxr_now_ns() + 1100000000);
 }
 
 /* ---- closing ---- */
@@ -921,7 +921,33 @@ enum { EP_REQS_ORPHAN = 1 << 30 };
 /* A closed endpoint nothing of UCX's holds any more is freed, or left to the last message
  * holding it. No UCX call: fine inside a UCX callback. */
 static void ep_release(cxr_rdma_ep *ep) {
+  cxr_rdma *r = ep->r;
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_ep **pp = &r->orphans; ep->orphaned && *pp; pp = &(*pp)->orphan_next)
+    if (*pp == ep) {
+      *pp = ep->orphan_next;
+      ep->orphaned = false;
+      break;
+    }
+  pthread_mutex_unlock(&r->lock);
   if (!keep_for_messages(ep)) ep_free(ep);
+}
+
+static bool no_orphans(void *arg) {
+  cxr_rdma *r = arg;
+  pthread_mutex_lock(&r->lock);
+  bool none = r->orphans == NULL;
+  pthread_mutex_unlock(&r->lock);
+  return none;
+}
+
+unsigned cxr__eps_orphans_left(cxr_rdma *r, int64_t deadline) {
+  cxr__progress_until(r, no_orphans, r, deadline);
+  unsigned n = 0;
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_ep *ep = r->orphans; ep; ep = ep->orphan_next) n++;
+  pthread_mutex_unlock(&r->lock);
+  return n;
 }
 
 static void reqs_drop(cxr_rdma_ep *ep) {
@@ -960,9 +986,20 @@ static void ep_close_free(cxr_rdma_ep *ep, ucp_ep_h u) {
    * (wait_closed gave up on its close) holds it: the last of them frees the endpoint
    * (cxr__req_end, cxr__ep_leave). It was kept for good: a leak (close_silent_test
    * AnEndpointWhoseRequestsOutliveItsCloseIsFreedByTheLast). */
-  if (!all_done(ep, cxr_now_ns() + 100000000))
+  if (!all_done(ep, cxr_now_ns() + 100000000)) {
     CXR_WARN("rdma: requests to %s outlived the endpoint's close; the last to end frees it",
              ep->host);
+    /* The engine's close waits for them too (cxr__eps_orphans_left): UCX 1.13's force
+     * close does not always cancel a rendezvous send whose receiver stopped, and
+     * ucp_worker_destroy then drops it without its callback ("not returned to mpool"),
+     * its op and this endpoint unreachable (LeakSanitizer: 1 run in 4 to 8 of that
+     * test). Such an engine leaves its worker to UCX, as for parked endpoints. */
+    pthread_mutex_lock(&ep->r->lock);
+    ep->orphan_next = ep->r->orphans;
+    ep->r->orphans = ep;
+    ep->orphaned = true;
+    pthread_mutex_unlock(&ep->r->lock);
+  }
   if (atomic_fetch_add(&ep->reqs, EP_REQS_ORPHAN) == 0) ep_release(ep);
 }
 

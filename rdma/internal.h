@@ -112,6 +112,8 @@ struct cxr_rdma_ep {
   cxr_rdma_ep *next;    /* r->eps, or r->parked */
   ucp_ep_h closing_uep; /* its handle while on r->closing_eps (under r->lock) */
   cxr_rdma_ep *closing_next;  /* r->closing_eps */
+  cxr_rdma_ep *orphan_next;   /* r->orphans (under r->lock) */
+  bool orphaned;              /* on r->orphans */
   uint64_t id;          /* unique in its engine (r->next_ep_id): an address may be reused */
 };
 
@@ -169,6 +171,9 @@ struct cxr_rdma {
    * too): a message that arrives on that handle meanwhile still finds its endpoint (ep.c,
    * ep_on), and a rendezvous one is refused. Under lock. */
   cxr_rdma_ep *closing_eps;
+  /* Closed endpoints whose requests outlived the close: the last to end frees one (the
+   * engine's close waits for them, cxr__eps_orphans_left). Under lock. */
+  cxr_rdma_ep *orphans;
   struct cxr_rdma *next_abandoned;  /* closed, UCX left undestroyed (worker.c) */
   atomic_int asleep;   /* the progress thread sleeps on the event fd: wake it to defer */
   /* Messages posted on a bare UCX handle, no endpoint of ours (replies and hello answers to
@@ -340,6 +345,9 @@ void cxr__ep_end(cxr_rdma_ep *ep);
  * endpoint under it; the last hold or request to go frees it (cxr__ep_leave: no UCX call). */
 static inline void cxr__ep_enter(cxr_rdma_ep *ep) { atomic_fetch_add(&ep->reqs, 1); }
 void cxr__ep_leave(cxr_rdma_ep *ep);
+/* Progresses the worker until no closed endpoint has requests left (r->orphans) or until
+ * deadline; returns how many still have. */
+unsigned cxr__eps_orphans_left(cxr_rdma *r, int64_t deadline);
 /* Tests only (NULL otherwise): run by cxr__ep_end once it has taken the handle `u` out of the
  * endpoint and before it closes it, the window in which a message may still arrive on it
  * (close_silent_test forces one there). */

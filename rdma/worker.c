@@ -1000,7 +1000,7 @@ static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
  * resumes finds its connection open (or reset, once this process exits), not a vanished
  * endpoint. */
 static void leave_to_ucx(cxr_rdma *r, unsigned parked, int bare) {
-  CXR_WARN("rdma: still with UCX at the close: one-sided ops of %u endpoint(s) at a silent "
+  CXR_WARN("rdma: still with UCX at the close: requests of %u endpoint(s) at a silent "
            "target, %d message(s) to or from clients that stopped; the UCX worker and context "
            "are left undestroyed (UCX 1.13 aborts destroying them)", parked, bare);
   pthread_mutex_lock(&abandoned_lock);
@@ -1060,6 +1060,9 @@ void cxr_rdma_close(cxr_rdma *r) {
   }
   unsigned parked = r->worker ? cxr__eps_unpark(r, 200000000) : 0;  /* one last wait */
   int bare = r->worker ? bare_left(r) : 0;
+  /* Closed endpoints whose requests outlived their close (force-closed rendezvous sends
+   * UCX 1.13 may never end): destroying the worker drops those requests unended. */
+  unsigned orphans = r->worker ? cxr__eps_orphans_left(r, cxr_now_ns() + 200000000) : 0;
   /* After those waits, which progress the worker: messages that came meanwhile are not
    * served (their handlers would reply through endpoints closed by then), and the error
    * handling an endpoint that failed meanwhile deferred (with an argument it allocated)
@@ -1082,8 +1085,8 @@ void cxr_rdma_close(cxr_rdma *r) {
     free(h->waddr);
     free(h);
   }
-  if (parked || bare) {
-    leave_to_ucx(r, parked, bare);  /* kept reachable, never freed: r->refs stays above 0 */
+  if (parked || bare || orphans) {
+    leave_to_ucx(r, parked + orphans, bare); /* kept reachable, never freed (r->refs > 0) */
     return;
   }
   if (r->worker) ucp_worker_destroy(r->worker);
