@@ -65,10 +65,10 @@ void cxr_rdma_opts_init(cxr_rdma_opts *o);
  * its socket must end calls with an error, not kill this process. */
 int cxr_rdma_open(cxr_rdma **r, const cxr_rdma_opts *o);
 /* Closes every endpoint, stops the progress thread, unregisters memory. If endpoints closed
- * with one-sided ops pending at a silent target still have them after a last bounded wait
- * (200 ms), or replies to clients that connected from our worker address are still pending
- * after one (1 s), the UCX worker and context are left undestroyed (logged): a bounded
- * leak, since no way of destroying them under such requests is safe with UCX 1.13
+ * with one-sided ops or sends pending at a silent target still have them after a last
+ * bounded wait (200 ms), or replies to clients that connected from our worker address are
+ * still pending after one (1 s), the UCX worker and context are left undestroyed (logged):
+ * a bounded leak, since no way of destroying them under such requests is safe with UCX 1.13
  * (cxr_rdma_close(3)). */
 void cxr_rdma_close(cxr_rdma *r);
 /* The port the listener is bound to (0 when not listening). */

@@ -96,3 +96,17 @@ bool cxrt_rdma_req_done(void *req) {
 
 /* Progresses the engine's worker once on the calling thread. */
 unsigned cxrt_rdma_progress(cxr_rdma *r) { return cxr__rdma_progress(r); }
+
+/* Closed endpoints whose requests outlived their close (r->orphans), and in *idle those of
+ * them with no request left: their last request should have freed them. */
+unsigned cxrt_rdma_orphans(cxr_rdma *r, unsigned *idle) {
+  unsigned n = 0;
+  *idle = 0;
+  pthread_mutex_lock(&r->lock);
+  for (cxr_rdma_ep *ep = r->orphans; ep; ep = ep->orphan_next, n++)
+    if (atomic_load(&ep->open_ops) + atomic_load(&ep->open_sends) +
+        atomic_load(&ep->open_recvs) == 0)
+      (*idle)++;
+  pthread_mutex_unlock(&r->lock);
+  return n;
+}
