@@ -83,8 +83,15 @@ int cxr__conn_table_init(cxr_conn *c, uint32_t n) {
   return 0;
 }
 
+/* Connections whose table went, ever: a thread whose spare names another connection
+ * looks for it among the open ones only when this moved since its last look (spare_drop). */
+static uint64_t tables_gone;
+
 void cxr__conn_table_fini(cxr_conn *c) {
-  if (c->tab != NULL) open_remove(c);
+  if (c->tab != NULL) {
+    open_remove(c);
+    __atomic_fetch_add(&tables_gone, 1, __ATOMIC_RELAXED); /* after: see spare_drop */
+  }
   free(c->tab);
   free(c->free_idx);
   c->tab = NULL;
@@ -128,6 +135,27 @@ static bool spare_arm(void) {
   return spare_entry.at_exit;
 }
 
+/* The spare names a connection other than the one in hand: forget it if that one closed.
+ * Before, a spare of a closed connection stayed for good (only the thread's exit looked),
+ * so the thread never kept one again and each of its later calls took the connection's
+ * lock twice. Looks under open_lock only when the spare or tables_gone changed since the
+ * last look: a thread alternating between two open connections pays a relaxed load. A
+ * close removes the connection from the open list before it counts, so a look that still
+ * found it open read the count before the close: the next one sees it moved. */
+static void spare_drop(void) {
+  static __thread struct { uint64_t conn, gone; } seen;
+  uint64_t gone = __atomic_load_n(&tables_gone, __ATOMIC_RELAXED);
+  if (seen.conn == spare_entry.conn && seen.gone == gone) return;
+  bool open = false;
+  pthread_mutex_lock(&open_lock);
+  for (cxr_conn *o = open_list; o != NULL && !open; o = o->open_next)
+    open = o->uid == spare_entry.conn;
+  pthread_mutex_unlock(&open_lock);
+  seen.conn = spare_entry.conn;
+  seen.gone = gone;
+  if (!open) spare_entry.conn = 0;
+}
+
 static cxr_future *entry_alloc(cxr_conn *c) {
   cxr_future *f = NULL;
   if (spare_entry.conn == c->uid) {
@@ -154,7 +182,10 @@ static void entry_release(cxr_future *f) {
   /* Kept only while at least half the table is on the free list: threads that called once
    * and went on living each kept an entry, and as many of them as the table has entries
    * (256 by default) left every other call CXR_EFULL. (One relaxed load of a line written
-   * only under the lock, off the shared path while a thread keeps calling.) */
+   * only under the lock, off the shared path while a thread keeps calling.) A thread that
+   * keeps calling on one connection took its spare in entry_alloc, so spare_drop is off its
+   * path: the test below costs it a compare of a thread-local word, no locked instruction. */
+  if (spare_entry.conn != 0 && spare_entry.conn != c->uid) spare_drop();
   if (spare_entry.conn == 0 && __atomic_load_n(&c->nfree, __ATOMIC_RELAXED) >= c->ntab / 2 &&
       (spare_entry.at_exit || spare_arm())) {
     spare_entry.conn = c->uid;
@@ -743,6 +774,9 @@ bool cxr__conn_shared(cxr_conn *c) {
 }
 
 uint32_t cxr__conn_table_size(cxr_conn *c) { return c ? c->ntab : 0; }
+uint32_t cxr__conn_table_free(cxr_conn *c) {
+  return c ? __atomic_load_n(&c->nfree, __ATOMIC_RELAXED) : 0;
+}
 
 void cxr__conn_mark_dead(cxr_conn *c, int err) {
   int zero = 0;

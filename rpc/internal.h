@@ -389,6 +389,8 @@ int cxr__conn_pop_once(cxr_conn *c, cxr__desc *out);
  * takes the multi-thread ring operations. */
 bool cxr__conn_shared(cxr_conn *c);
 uint32_t cxr__conn_table_size(cxr_conn *c);
+/* Entries on the table's shared free list (not counting those threads keep as spares). */
+uint32_t cxr__conn_table_free(cxr_conn *c);
 /* From now on this thread pauses ns after each call outcome it makes final (an answer it
  * delivers, an expiry), before it fires the callback or writes the cancel word: for tests
  * of what the owner may do meanwhile. 0 ends it. */

@@ -435,6 +435,28 @@ TEST_F(Call, ThreadsThatCallAndExitGiveTheirEntriesBack) {
   EXPECT_EQ(add(3, 3, &rc), 6);
 }
 
+TEST_F(Call, AThreadWhoseKeptEntryWasAClosedConnectionsKeepsTheNextOnes) {
+  // A thread keeps the entry it freed last, for its next call on that connection without
+  // the connection's lock. Before, an entry kept of a connection since closed stayed kept
+  // until the thread ended: the thread never kept another, and each of its later calls, on
+  // any connection, took the lock twice (an audit of the in-pod call path found it).
+  std::thread([&] {
+    cxr_conn *c1 = nullptr, *c2 = nullptr;
+    ASSERT_EQ(cxr_connect(&c1, name.c_str(), nullptr), 0);
+    ASSERT_EQ(cxr_conn_call(c1, M_NOOP, nullptr, nullptr, nullptr), 0);
+    EXPECT_EQ(cxr__conn_table_free(c1), cxr__conn_table_size(c1) - 1);  // kept c1's
+    cxr_conn_close(c1);
+    ASSERT_EQ(cxr_connect(&c2, name.c_str(), nullptr), 0);
+    for (int i = 0; i < 3; i++) ASSERT_EQ(cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr), 0);
+    EXPECT_EQ(cxr__conn_table_free(c2), cxr__conn_table_size(c2) - 1) << "kept none of c2's";
+    // And one of a connection still open is kept while this thread calls on another.
+    for (int i = 0; i < 3; i++) ASSERT_EQ(cxr_conn_call(c, M_NOOP, nullptr, nullptr, nullptr), 0);
+    EXPECT_EQ(cxr__conn_table_free(c), cxr__conn_table_size(c));
+    EXPECT_EQ(cxr__conn_table_free(c2), cxr__conn_table_size(c2) - 1);
+    cxr_conn_close(c2);
+  }).join();
+}
+
 TEST_F(Call, LiveThreadsThatCalledOnceDoNotHoldTheWholeTable) {
   // Each thread keeps the entry it freed last while it lives. Before, as many live threads
   // as the table has entries, each having called once, held every entry: any other call
