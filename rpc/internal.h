@@ -200,6 +200,20 @@ int64_t cxr__coarse_ns(void);
 static inline int64_t cxr__after(int64_t now, int64_t rel) {
   return rel > INT64_MAX - now ? INT64_MAX : now + rel;
 }
+/* How long (ns) a waiter sleeps when the ring it waits on refused its sleep for being busy
+ * (its tail ahead of its head, with no slot published there yet: a producer between its
+ * tail CAS and its publish, or one stopped or hostile there). The first refusal sleeps not
+ * at all; a refusal whose mark (the busy rings' tails) equals the last one's, nothing having
+ * moved between, sleeps 20 us, doubling up to 10 ms. Only such a ring is stuck: a moved tail
+ * may be a producer that saw no sleeper counted yet, publishing now without ringing (so
+ * the old code never slept on a busy ring). The caller zeroes n when it made progress or
+ * slept unrefused. Before 2026-11-28 every refusal meant spinning on, at full CPU for as
+ * long as the ring stayed so. */
+typedef struct cxr__busy {
+  unsigned n;     /* refusals in a row with the same mark */
+  uint64_t mark;
+} cxr__busy;
+int64_t cxr__busy_sleep_ns(cxr__busy *b, uint64_t mark);
 /* Tunables read once from the environment (CXRPC_SPIN_NS, CXRPC_YIELD_NS). */
 int64_t cxr__spin_ns(void);
 int64_t cxr__yield_ns(void);

@@ -252,20 +252,44 @@ static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
   return n;
 }
 
-static bool any_request(cxr_channel *ch, cxr__wpass *ws) {
+/* Whether a request ring is busy; *tails: the sum of the busy rings' tails (cxr__busy). */
+static bool any_request(cxr_channel *ch, cxr__wpass *ws, uint64_t *tails) {
   unsigned words = (ch->o.max_conns + 63) / 64;
+  bool busy = false;
+  *tails = 0;
   pass_begin(ws);
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = serving_bits(ch, w);
     for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;)
-      if (cxr__ring_busy(&sc->req)) return true;
+      if (cxr__ring_busy(&sc->req)) {
+        busy = true;
+        *tails += CXR__LDX(&sc->req.r->tail);
+      }
   }
-  return false;
+  return busy;
+}
+
+/* Sleeps until a client rings or a second passes (stop is also rung). A request ring whose
+ * tail is ahead of any published slot keeps any_request true: a client between its tail
+ * CAS and its publish, or one stopped or hostile there. Before, the sleep was then refused
+ * each time and an idle worker spun at full CPU for as long as that ring stayed so; now a
+ * refusal with the busy rings' tails unmoved since the last one sleeps cxr__busy_sleep_ns
+ * (refused->n zeroed by the caller when it handles a call). */
+static void worker_sleep(cxr_channel *ch, cxr__wpass *ws, cxr__busy *refused) {
+  cxr__chan_block *cb = ch->cb;
+  uint32_t v = __atomic_load_n(&cb->doorbell, __ATOMIC_SEQ_CST);
+  __atomic_fetch_add(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
+  int64_t t = 1000000000;
+  uint64_t tails;
+  if (any_request(ch, ws, &tails)) t = cxr__busy_sleep_ns(refused, tails);
+  else refused->n = 0;
+  if (t > 0 && !__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
+    cxr__futex_wait(&cb->doorbell, v, t);
+  __atomic_fetch_sub(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
 }
 
 void *cxr__worker_main(void *arg) {
   cxr_channel *ch = arg;
-  cxr__chan_block *cb = ch->cb;
   unsigned id = __atomic_fetch_add(&ch->wnext, 1, __ATOMIC_ACQ_REL);
   if (id >= CXR__MAX_WORKERS) return NULL;
   cxr__wpass *ws = &ch->wpass[id];
@@ -280,10 +304,12 @@ void *cxr__worker_main(void *arg) {
   int64_t spin = base_spin, last = cxr_now_ns();
   tl_now = last;
   unsigned empty = 0;
+  cxr__busy refused = {0};
   bool checked = false;
   while (!__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE)) {
     if ((wl.w ? poll_watched(ch, ws, &wl) : poll_once(ch, ws)) != 0) {
       empty = 0;
+      refused.n = 0;
       continue;
     }
     /* One pause per empty poll (a pause is ~40 ns or more): the delay before we see a new
@@ -312,13 +338,8 @@ void *cxr__worker_main(void *arg) {
       sched_yield();
       continue;
     }
-    /* Sleep until a client rings (or a second passes: stop is also rung). */
-    uint32_t v = __atomic_load_n(&cb->doorbell, __ATOMIC_SEQ_CST);
-    __atomic_fetch_add(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
     int64_t slept = cxr_now_ns();
-    if (!any_request(ch, ws) && !__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
-      cxr__futex_wait(&cb->doorbell, v, 1000000000);
-    __atomic_fetch_sub(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
+    worker_sleep(ch, ws, &refused);
     last = tl_now = cxr_now_ns();
     empty = 0;
     /* Windows for the next idle period: none while blocking after contention. Otherwise

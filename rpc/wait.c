@@ -139,6 +139,20 @@ static int wait_mode(void) {
   return m;
 }
 
+enum { BUSY_SLEEP_MIN_NS = 20000, BUSY_SLEEP_MAX_NS = 10000000 };
+
+int64_t cxr__busy_sleep_ns(cxr__busy *b, uint64_t mark) {
+  if (mark != b->mark) { /* something moved: maybe a producer publishing right now */
+    b->mark = mark;
+    b->n = 0;
+  }
+  unsigned n = b->n;
+  if (n < 16) b->n = n + 1; /* (enough to reach the cap, never to wrap) */
+  if (n == 0) return 0;
+  int64_t t = (int64_t)BUSY_SLEEP_MIN_NS << (n - 1);
+  return t < BUSY_SLEEP_MAX_NS ? t : BUSY_SLEEP_MAX_NS;
+}
+
 void cxr__wait_windows(cxr__waitpol *p, int64_t now, int64_t *spin, int64_t *yield) {
   if (wait_mode() == WAIT_BLOCK) {
     *spin = *yield = 0;

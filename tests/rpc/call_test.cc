@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -58,6 +59,14 @@ cxr_channel *serving(const std::string &name, size_t heap_size, unsigned max_con
   o.max_conns = max_conns;
   o.pool = pool;
   return serving_with(name, o);
+}
+
+// CPU time (s) the process (RUSAGE_SELF) or the calling thread (RUSAGE_THREAD) has used.
+double cpu_seconds(int who) {
+  struct rusage ru;
+  if (getrusage(who, &ru) != 0) return 0;
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 // The control block of channel `name` as a client maps it (any client can write it all).
@@ -410,6 +419,42 @@ TEST_F(Call, ATurnThatWaitsOverTwoSecondsEndsTheConnectionNotTheRings) {
   int rc = -1;
   EXPECT_EQ(add(2, 3, &rc), 5);  // the channel serves on
   EXPECT_EQ(rc, 0);
+}
+
+TEST_F(Call, IdleWorkersSleepThoughARequestRingsTailRunsAheadOfItsSlots) {
+  // A request ring whose tail is ahead of any published slot: what a client stopped (or a
+  // hostile one) between its tail CAS and its publish leaves. Before, it kept the workers'
+  // sleep refused, and an idle worker spun at full CPU for as long as the ring stayed so
+  // (an audit measured 0.60 s of CPU in 1 s with one worker; two spin twice that). Now
+  // the refused sleeps back off from 20 us to 10 ms. The bound is wide on purpose, so
+  // that no load on the machine makes it fail: under 0.3 s of process CPU in 1 s, where
+  // the spinning took 0.6 s or more. Both worker loops: one worker's watch list, two
+  // walking the connections.
+  for (unsigned workers : {1u, 2u}) {
+    cxr_channel_opts o;
+    cxr_channel_opts_init(&o);
+    o.conn_heap_size = 8u << 20;
+    o.workers = workers;
+    std::string idle = uniq("idle");
+    cxr_channel *ch2 = serving_with(idle, o);
+    ASSERT_NE(ch2, nullptr);
+    cxr_conn *c2 = nullptr;
+    ASSERT_EQ(connect_patiently(&c2, idle), 0);
+    ASSERT_EQ(cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr), 0);
+    cxr__rview req, resp;
+    ASSERT_EQ(cxr__conn_rings(c2, &req, &resp), 0);
+    uint64_t head = __atomic_load_n(&req.r->head, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&req.r->tail, head + 1, __ATOMIC_SEQ_CST);
+    usleep(100000);  // past the spin and yield windows (~1.2 ms at most)
+    double before = cpu_seconds(RUSAGE_SELF);
+    usleep(1000000);
+    double used = cpu_seconds(RUSAGE_SELF) - before;
+    __atomic_store_n(&req.r->tail, head, __ATOMIC_SEQ_CST);  // nothing was published
+    EXPECT_LT(used, 0.3) << workers << " worker(s): CPU seconds in 1 s";
+    EXPECT_EQ(cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr), 0);
+    cxr_conn_close(c2);
+    cxr_channel_close(ch2);
+  }
 }
 
 TEST_F(Call, ThreadsThatCallAndExitGiveTheirEntriesBack) {

@@ -66,4 +66,21 @@ TEST(Wait, TooLittleSpinningGivesNoVerdict) {
   EXPECT_FALSE(cxr__wait_contended(&p, now));
 }
 
+TEST(Wait, RefusedSleepsBackOffFromNothingTo10MsWhileNothingMoves) {
+  // A busy ring's refusals in a row with the same mark (its tail): the first sleeps not at
+  // all, then 20 us doubling, capped at 10 ms however long it lasts. A moved tail (a live
+  // producer, maybe publishing without having seen us) starts again with no sleep.
+  cxr__busy b = {};
+  EXPECT_EQ(cxr__busy_sleep_ns(&b, 7), 0);
+  EXPECT_EQ(cxr__busy_sleep_ns(&b, 7), 20 * US);
+  EXPECT_EQ(cxr__busy_sleep_ns(&b, 7), 40 * US);
+  int64_t t = 0;
+  for (int i = 0; i < 100; i++) t = cxr__busy_sleep_ns(&b, 7);
+  EXPECT_EQ(t, 10 * MS);
+  EXPECT_EQ(cxr__busy_sleep_ns(&b, 8), 0);
+  EXPECT_EQ(cxr__busy_sleep_ns(&b, 8), 20 * US);
+  b.n = 0;  // progress (a call handled, an unrefused sleep): from the start again
+  EXPECT_EQ(cxr__busy_sleep_ns(&b, 8), 0);
+}
+
 }  // namespace
