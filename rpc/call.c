@@ -371,6 +371,22 @@ static bool final(uint32_t s) {
   return s == CXR__F_DONE || s == CXR__F_ORPHAN || s == CXR__F_REPLIED;
 }
 
+/* How long (ns, at most t) a thread may sleep on the answers ring: t while the ring is
+ * empty, else cxr__busy_sleep_ns with the ring's tail as the mark. A ring whose tail is
+ * ahead of any published answer (a worker between its tail CAS and its publish, or a
+ * server stopped or hostile there) kept every sleep refused: until 2026-11-28 a waiting
+ * caller spun at full CPU to its deadline, and the completion thread for as long as
+ * callbacks were armed. A live worker's answer is either published by the next try (a
+ * moved tail starts the count again, no sleep) or rung for: it sees the sleeper counted. */
+static int64_t resp_sleep_ns(cxr_conn *c, cxr__busy *refused, int64_t t) {
+  if (!cxr__ring_busy(&c->resp)) {
+    refused->n = 0;
+    return t;
+  }
+  int64_t busy = cxr__busy_sleep_ns(refused, CXR__LDX(&c->resp.r->tail));
+  return busy < t ? busy : t;
+}
+
 /* Waits until f has an outcome, its deadline passes, the peer dies, or `until` (absolute)
  * passes. Returns 0 when f is final, CXR_EAGAIN when `until` passed first. */
 static __thread cxr__waitpol tl_wait;
@@ -380,6 +396,7 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
    * path) never reads it here. */
   int64_t start = 0, spin = 0, yield_ns = 0;
   bool checked = false;
+  cxr__busy refused; /* set with start, off the path of a call answered within 16 polls */
   for (unsigned i = 0;; i++) {
     if (final(__atomic_load_n(&f->state, __ATOMIC_ACQUIRE))) return 0;
     drain(c);
@@ -391,6 +408,7 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
     int64_t now = cxr_now_ns();
     if (start == 0) {
       start = now;
+      refused = (cxr__busy){0};
       cxr__wait_windows(&tl_wait, start, &spin, &yield_ns);
       cxr__wait_spin_start(&tl_wait, now);
     }
@@ -423,11 +441,12 @@ static int wait_entry(cxr_conn *c, cxr_future *f, int64_t until) {
     uint32_t v = __atomic_load_n(&r->futex, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&c->sleeping, 1, __ATOMIC_SEQ_CST);
-    if (!final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST)) && !cxr__ring_busy(&c->resp)) {
+    if (!final(__atomic_load_n(&f->state, __ATOMIC_SEQ_CST))) {
       int64_t t = f->deadline - now;
       if (until - now < t) t = until - now;
       if (c->peer_timeout / 2 < t) t = c->peer_timeout / 2;
-      cxr__futex_wait(&r->futex, v, t > 0 ? t : 1);
+      t = resp_sleep_ns(c, &refused, t > 0 ? t : 1);
+      if (t > 0) cxr__futex_wait(&r->futex, v, t);
     }
     __atomic_fetch_sub(&c->sleeping, 1, __ATOMIC_SEQ_CST);
     __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);
@@ -666,6 +685,7 @@ static void expire_armed(cxr_conn *c, int64_t now, int64_t *next) {
 static void *completion_main(void *arg) {
   cxr_conn *c = arg;
   cxr__ring *r = c->resp.r;
+  cxr__busy refused = {0};
   while (!__atomic_load_n(&c->cstop, __ATOMIC_ACQUIRE)) {
     uint32_t v = __atomic_load_n(&r->futex, __ATOMIC_SEQ_CST);
     run_callbacks(c);
@@ -688,8 +708,9 @@ static void *completion_main(void *arg) {
       __atomic_fetch_add(&r->sleepers, 1, __ATOMIC_SEQ_CST);
       __atomic_fetch_add(&c->sleeping, 1, __ATOMIC_SEQ_CST);
     }
-    if (!(armed && cxr__ring_busy(&c->resp)) && !__atomic_load_n(&c->cstop, __ATOMIC_ACQUIRE))
-      cxr__futex_wait(&r->futex, v, next - now > 0 ? next - now : 1);
+    int64_t t = next - now > 0 ? next - now : 1;
+    if (armed) t = resp_sleep_ns(c, &refused, t);
+    if (t > 0 && !__atomic_load_n(&c->cstop, __ATOMIC_ACQUIRE)) cxr__futex_wait(&r->futex, v, t);
     if (armed) {
       __atomic_fetch_sub(&c->sleeping, 1, __ATOMIC_SEQ_CST);
       __atomic_fetch_sub(&r->sleepers, 1, __ATOMIC_SEQ_CST);

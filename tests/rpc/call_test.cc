@@ -547,6 +547,46 @@ void note_callback(int err, void *result, void *user) {
   g->done = true;
 }
 
+TEST_F(Call, WaitersSleepThoughTheAnswerRingsTailRunsAheadOfItsAnswers) {
+  // An answer ring whose tail is ahead of any published answer: what a worker stopped (or
+  // a hostile server) between its tail CAS and its publish leaves. Before, it kept every
+  // sleep of the client refused: a caller waiting for its answer spun at full CPU to its
+  // deadline, and the completion thread for as long as a callback was armed. Now the
+  // refused sleeps back off from 20 us to 10 ms. The bounds are wide on purpose, so that no
+  // load on the machine makes them fail: under 0.3 s of CPU in the 1 s of each wait,
+  // where the spinning took about 1 s.
+  cxr_conn *c2 = nullptr;
+  ASSERT_EQ(connect_patiently(&c2, name), 0);
+  ASSERT_EQ(cxr_conn_call(c2, M_NOOP, nullptr, nullptr, nullptr), 0);
+  cxr__rview req, resp;
+  ASSERT_EQ(cxr__conn_rings(c2, &req, &resp), 0);
+  __atomic_store_n(&resp.r->tail, __atomic_load_n(&resp.r->head, __ATOMIC_SEQ_CST) + 1,
+                   __ATOMIC_SEQ_CST);
+  // The spin handler ends at the deadline; its answer goes behind the hole, never read.
+  sleep_args a = {5000};
+  cxr_call_opts o = inline_opts(sizeof a, 1000000000);
+  double before = cpu_seconds(RUSAGE_THREAD);
+  EXPECT_EQ(cxr_conn_call(c2, M_SPIN, &a, nullptr, &o), CXR_ETIMEDOUT);
+  double used = cpu_seconds(RUSAGE_THREAD) - before;
+  EXPECT_LT(used, 0.3) << "CPU seconds of a caller waiting 1 s";
+  // The completion thread, a callback armed: this thread sleeps, the workers are idle or
+  // in the spin handler (which sleeps), so the process's CPU is the completion thread's.
+  o = inline_opts(sizeof a, 1500000000);
+  cxr_future *f = nullptr;
+  CallbackGot got;
+  ASSERT_EQ(cxr_conn_call_async(c2, M_SPIN, &a, &f, &o), 0);
+  ASSERT_EQ(cxr_future_then(f, note_callback, &got), 0);
+  usleep(200000);
+  before = cpu_seconds(RUSAGE_SELF);
+  usleep(1000000);
+  used = cpu_seconds(RUSAGE_SELF) - before;
+  EXPECT_LT(used, 0.3) << "CPU seconds in 1 s with a callback armed";
+  EXPECT_TRUE(eventually([&] { return got.done.load(); }));
+  EXPECT_EQ(got.err, CXR_ETIMEDOUT);
+  cxr_future_free(f);
+  cxr_conn_close(c2);
+}
+
 TEST_F(Call, AnotherThreadsLateFireDoesNotRunTheEntrysNextCallback) {
   // A thread that delivers another thread's answer publishes it, then fires its callback.
   // Between the two the owner may see the answer, free the future, call again on the same
