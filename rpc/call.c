@@ -32,8 +32,12 @@ static pthread_key_t spare_key;
 
 static void open_prepare(void) { pthread_mutex_lock(&open_lock); }
 static void open_parent(void) { pthread_mutex_unlock(&open_lock); }
+static uint64_t tables_gone; /* (spare_drop) */
 static void open_child(void) {
   open_list = NULL;
+  /* The parent's connections are gone here: a spare naming one must be looked for again
+   * (spare_drop), even by a thread whose last look matched. */
+  __atomic_fetch_add(&tables_gone, 1, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&open_lock);
 }
 static void spare_at_exit(void *unused);
@@ -83,9 +87,9 @@ int cxr__conn_table_init(cxr_conn *c, uint32_t n) {
   return 0;
 }
 
-/* Connections whose table went, ever: a thread whose spare names another connection
- * looks for it among the open ones only when this moved since its last look (spare_drop). */
-static uint64_t tables_gone;
+/* tables_gone: connections whose table went, ever (and forks): a thread whose spare names
+ * another connection looks for it among the open ones only when this moved since its last
+ * look (spare_drop). */
 
 void cxr__conn_table_fini(cxr_conn *c) {
   if (c->tab != NULL) {
@@ -382,6 +386,12 @@ static int64_t resp_sleep_ns(cxr_conn *c, cxr__busy *refused, int64_t t) {
   if (!cxr__ring_busy(&c->resp)) {
     refused->n = 0;
     return t;
+  }
+  /* An answer published (we are counted as a sleeper by now) is taken at once: one that
+   * came between two refusals rang nobody, and would wait out a backoff step (a review). */
+  if (cxr__ring_nonempty(&c->resp)) {
+    refused->n = 0;
+    return 0;
   }
   int64_t busy = cxr__busy_sleep_ns(refused, CXR__LDX(&c->resp.r->tail));
   return busy < t ? busy : t;

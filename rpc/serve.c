@@ -252,19 +252,26 @@ static unsigned poll_once(cxr_channel *ch, cxr__wpass *ws) {
   return n;
 }
 
-/* Whether a request ring is busy; *tails: the sum of the busy rings' tails (cxr__busy). */
-static bool any_request(cxr_channel *ch, cxr__wpass *ws, uint64_t *tails) {
+/* Whether a request ring is busy; *mark: its busy rings and their tails mixed (cxr__busy:
+ * a plain sum could stay the same as one ring left and another came), or ~0 when a busy
+ * ring's next slot is published: a request to take now, never a reason to sleep. */
+static bool any_request(cxr_channel *ch, cxr__wpass *ws, uint64_t *mark) {
   unsigned words = (ch->o.max_conns + 63) / 64;
   bool busy = false;
-  *tails = 0;
+  *mark = 0;
   pass_begin(ws);
   for (unsigned w = 0; w < words; w++) {
     uint64_t bits = serving_bits(ch, w);
-    for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;)
-      if (cxr__ring_busy(&sc->req)) {
-        busy = true;
-        *tails += CXR__LDX(&sc->req.r->tail);
+    for (cxr__sconn *sc; (sc = next_serving(ch, w, &bits)) != NULL;) {
+      if (!cxr__ring_busy(&sc->req)) continue;
+      if (cxr__ring_nonempty(&sc->req)) {
+        *mark = ~0ull;
+        return true;
       }
+      busy = true;
+      *mark = (*mark ^ (uint64_t)(uintptr_t)sc) * 0x9E3779B97F4A7C15ull +
+              CXR__LDX(&sc->req.r->tail);
+    }
   }
   return busy;
 }
@@ -280,9 +287,17 @@ static void worker_sleep(cxr_channel *ch, cxr__wpass *ws, cxr__busy *refused) {
   uint32_t v = __atomic_load_n(&cb->doorbell, __ATOMIC_SEQ_CST);
   __atomic_fetch_add(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
   int64_t t = 1000000000;
-  uint64_t tails;
-  if (any_request(ch, ws, &tails)) t = cxr__busy_sleep_ns(refused, tails);
-  else refused->n = 0;
+  uint64_t mark;
+  /* A published request (counted as a sleeper first: a producer that published while we
+   * were not counted rang nobody) is taken at once; only a tail with nothing published
+   * behind it backs off. Without that look a request published in the gap between a
+   * refusal and the next could wait out a backoff step (a review). */
+  if (any_request(ch, ws, &mark)) {
+    if (mark == ~0ull) refused->n = 0, t = 0;
+    else t = cxr__busy_sleep_ns(refused, mark);
+  } else {
+    refused->n = 0;
+  }
   if (t > 0 && !__atomic_load_n(&ch->stop, __ATOMIC_ACQUIRE))
     cxr__futex_wait(&cb->doorbell, v, t);
   __atomic_fetch_sub(&cb->srv_sleepers, 1, __ATOMIC_SEQ_CST);
