@@ -904,22 +904,14 @@ static void rkeys_destroy(cxr_rdma_ep *ep) {
   }
 }
 
-/* Messages still holding the endpoint (cxr__ep_hold) keep its memory, its handle closed: the
- * last one frees it (cxr__ep_drop). True then. */
-static bool keep_for_messages(cxr_rdma_ep *ep) {
-  pthread_mutex_lock(&ep->r->lock);
-  bool held = ep->kept = ep->refs > 0;
-  pthread_mutex_unlock(&ep->r->lock);
-  return held;
-}
-
 /* Set in ep->reqs by the end of an endpoint's close: the requests still counted there then
  * (and the calls holding it, a missed deadline's end under way) keep it, and the last of
  * them frees it. */
 enum { EP_REQS_ORPHAN = 1 << 30 };
 
-/* A closed endpoint nothing of UCX's holds any more is freed, or left to the last message
- * holding it. No UCX call: fine inside a UCX callback. */
+/* A closed endpoint nothing of UCX's holds any more leaves r->orphans and is freed, or left
+ * to the last message holding it (cxr__ep_hold), which frees it (cxr__ep_drop). No UCX
+ * call: fine inside a UCX callback. */
 static void ep_release(cxr_rdma_ep *ep) {
   cxr_rdma *r = ep->r;
   pthread_mutex_lock(&r->lock);
@@ -929,8 +921,9 @@ static void ep_release(cxr_rdma_ep *ep) {
       ep->orphaned = false;
       break;
     }
+  bool held = ep->kept = ep->refs > 0;
   pthread_mutex_unlock(&r->lock);
-  if (!keep_for_messages(ep)) ep_free(ep);
+  if (!held) ep_free(ep);
 }
 
 static bool no_orphans(void *arg) {

@@ -310,7 +310,7 @@ static unsigned run_queued(cxr_rdma *r) {
 }
 
 /* A message's hold on its endpoint is given back even after cxr__eps_close_all closed every
- * one: a held endpoint's memory stays until its last message goes (ep.c, keep_for_messages). */
+ * one: a held endpoint's memory stays until its last message goes (ep.c, ep_release). */
 static void drop_messages(cxr_rdma *r) {
   for (;;) {
     pthread_mutex_lock(&r->lock);
